@@ -1,0 +1,256 @@
+"""The `studyrunner` command: a thin layer over the Python API (nothing imports this module)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import StudyrunnerError
+
+app = typer.Typer(
+    name="studyrunner",
+    help="Declarative ablation and scaling studies of looped transformers (Ray Tune + MLflow + SQL).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+StudyFile = Annotated[Path, typer.Argument(help="Study file (YAML).", show_default=False)]
+DbOpt = Annotated[str | None, typer.Option("--db", help="SQLAlchemy URL of the results ledger "
+                                           "[env STUDYRUNNER_DB; default: SQLite in the workspace].")]
+WorkspaceOpt = Annotated[Path | None, typer.Option("--workspace", help="Workspace folder "
+                                                   "[env STUDYRUNNER_HOME; default ./.studyrunner].")]
+TrackingOpt = Annotated[str | None, typer.Option("--tracking-uri", help="MLflow tracking URI "
+                                                 "[env MLFLOW_TRACKING_URI; default: SQLite in the workspace].")]
+
+
+def user_errors(fn):
+    """Print a StudyrunnerError as one line and exit with its code; no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except StudyrunnerError as exc:
+            err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper
+
+
+def _workspace(workspace: Path | None, db: str | None = None, tracking_uri: str | None = None,
+               storage: str | None = None):
+    from .workspace import Workspace
+
+    return Workspace.resolve(workspace, db=db, tracking_uri=tracking_uri, storage=storage)
+
+
+@app.command()
+@user_errors
+def submit(
+    file: StudyFile,
+    address: Annotated[str | None, typer.Option(help="Ray cluster address [env RAY_ADDRESS; default: "
+                                                "start a local Ray].")] = None,
+    max_concurrent: Annotated[int | None, typer.Option(min=1, help="At most this many trials at once.")] = None,
+    max_failures: Annotated[int, typer.Option(min=0, help="Retries per trial (Ray Tune FailureConfig).")] = 0,
+    db: DbOpt = None,
+    tracking_uri: TrackingOpt = None,
+    storage: Annotated[str | None, typer.Option(help="Folder or URI for curves and Ray results "
+                                                "[env STUDYRUNNER_STORAGE].")] = None,
+    workspace: WorkspaceOpt = None,
+    progress: Annotated[bool, typer.Option(help="Live progress display.")] = True,
+):
+    """Compile a study and run every trial that has not yet succeeded."""
+    from .orchestrate import submit as run
+    from .spec import load_and_compile
+
+    compiled = load_and_compile(file)
+    ws = _workspace(workspace, db, tracking_uri, storage)
+    result = run(compiled, ws, address=address, max_concurrent=max_concurrent, max_failures=max_failures,
+                 console=err, show_progress=progress)
+    if result.ran or result.interrupted:
+        err.print(
+            f"{result.study}: ran {result.ran} trials in {result.wall_time_s:.0f} s: "
+            f"[green]{len(result.succeeded)} succeeded[/], [red]{len(result.failed)} failed[/]"
+            + (f", {len(result.interrupted)} interrupted (pending)" if result.interrupted else "")
+        )
+    else:
+        err.print(f"{result.study}: nothing to run; every trial already succeeded")
+    err.print(f"ledger: {ws.db_url}\nMLflow: {ws.tracking_uri}  (studyrunner ui)")
+    if result.failed:
+        err.print(f"see errors: studyrunner results {result.study} --format table")
+        raise typer.Exit(1)
+
+
+@app.command()
+@user_errors
+def validate(file: StudyFile):
+    """Check a study file (schema, family and task params, grid) without running it."""
+    from .spec import load_and_compile
+
+    compiled = load_and_compile(file)
+    out.print(f"{file}: ok ({len(compiled.cells)} cells, {len(compiled.trials)} trials)")
+
+
+@app.command()
+@user_errors
+def plan(file: StudyFile):
+    """Show the cells and trials a study compiles to, with parameter counts, without training."""
+    import torch
+
+    from .models import build_model, count_params
+    from .spec import load_and_compile
+    from .tasks import build_task
+
+    compiled = load_and_compile(file)
+    study = compiled.study
+    table = Table(title=f"{study.name}: {len(compiled.cells)} cells x {len(study.seeds)} seeds "
+                        f"= {len(compiled.trials)} trials")
+    for col in ["#", "cell", "cell_hash", "family", "params", "effective_depth", "steps"]:
+        table.add_column(col, justify="right" if col in ("#", "params", "effective_depth", "steps") else "left")
+    for i, cell in enumerate(compiled.cells, 1):
+        task = build_task(cell.config["task"]["name"], cell.config["task"]["params"], seed=0)
+        with torch.device("meta"):  # count parameters without allocating them
+            model = build_model(cell.config["model"]["family"], cell.config["model"]["params"], task.facts)
+        table.add_row(str(i), cell.label, cell.cell_hash, cell.config["model"]["family"],
+                      f"{count_params(model):,}", str(model.effective_depth), str(cell.config["train"]["steps"]))
+    out.print(table)
+
+
+@app.command()
+@user_errors
+def status(
+    study: Annotated[str | None, typer.Argument(help="Study name (default: all studies).")] = None,
+    db: DbOpt = None,
+    workspace: WorkspaceOpt = None,
+):
+    """Trials per status, per study."""
+    from .store import STATUSES, Ledger
+
+    ledger = Ledger(_workspace(workspace, db).db_url)
+    counts = ledger.status_counts(study)
+    if not counts:
+        out.print("no studies in the ledger yet; run: studyrunner submit FILE")
+        return
+    table = Table()
+    table.add_column("study")
+    for s in (*STATUSES, "total"):
+        table.add_column(s, justify="right")
+    styles = {"succeeded": "green", "failed": "red", "running": "cyan", "pending": "yellow"}
+    for name, c in sorted(counts.items()):
+        cells = [f"[{styles[s]}]{c[s]}[/]" if c[s] else "0" for s in STATUSES]
+        table.add_row(name, *cells, str(sum(c.values())))
+    out.print(table)
+
+
+class Format(str, Enum):
+    table = "table"
+    csv = "csv"
+    parquet = "parquet"
+    json = "json"
+
+
+@app.command()
+@user_errors
+def results(
+    study: Annotated[str, typer.Argument(help="Study name.", show_default=False)],
+    format: Annotated[Format, typer.Option("--format", "-f", help="Output format.")] = Format.table,
+    out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Write to this file instead of "
+                                                   "stdout (required for parquet).")] = None,
+    db: DbOpt = None,
+    workspace: WorkspaceOpt = None,
+):
+    """One row per trial: identity, status, flattened config and final metrics."""
+    from .results import trials_frame
+    from .store import Ledger
+
+    df = trials_frame(Ledger(_workspace(workspace, db).db_url), study)
+    if format is Format.parquet:
+        if out_path is None:
+            raise StudyrunnerError("--format parquet writes a binary file: add --out PATH.parquet")
+        df.to_parquet(out_path, index=False)
+    elif format is Format.csv:
+        text = df.to_csv(index=False)
+    elif format is Format.json:
+        text = df.to_json(orient="records", date_format="iso", indent=2)
+    else:
+        text = None
+        _print_results_table(df)
+    if format in (Format.csv, Format.json):
+        if out_path:
+            out_path.write_text(text)
+        else:
+            sys.stdout.write(text)
+    if out_path:
+        err.print(f"wrote {len(df)} rows to {out_path}")
+
+
+def _print_results_table(df) -> None:
+    import pandas as pd
+
+    varied = [c for c in df.columns if "." in c and df[c].astype(str).nunique() > 1]
+    metrics = [m for m in ("eval_accuracy", "eval_exact_match", "eval_loss", "train_loss", "params",
+                           "step_time_ms") if m in df.columns]
+    table = Table()
+    for col in ["cell", "seed", "status", *varied, *metrics]:
+        table.add_column(col.rsplit(".", 1)[-1] if col in varied else col)
+    for _, row in df.iterrows():
+        vals = []
+        for col in ["cell", "seed", "status", *varied, *metrics]:
+            v = row[col]
+            vals.append("" if v is None or (not isinstance(v, list | tuple) and pd.isna(v))
+                        else f"{v:.4g}" if isinstance(v, float) else str(v))
+        table.add_row(*vals)
+    out.print(table)
+    for _, row in df[df.status == "failed"].iterrows():
+        out.print(f"[red]{row.trial_key}[/]: {str(row.error).splitlines()[-1] if row.error else '?'}")
+
+
+@app.command()
+@user_errors
+def ui(
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port.")] = 5000,
+    host: Annotated[str, typer.Option(help="Interface to bind; 127.0.0.1 keeps it on this machine.")] = "127.0.0.1",
+    tracking_uri: TrackingOpt = None,
+    workspace: WorkspaceOpt = None,
+):
+    """Serve the MLflow UI over the study tracking store."""
+    ws = _workspace(workspace, tracking_uri=tracking_uri)
+    if "://" in ws.tracking_uri and ws.tracking_uri.split("://")[0] in ("http", "https"):
+        raise StudyrunnerError(f"the tracking store is already a server ({ws.tracking_uri}); open it directly")
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", ws.tracking_uri,
+           "--host", host, "--port", str(port), "--workers", "1"]
+    err.print(f"MLflow UI for {ws.tracking_uri}\n  -> http://{host}:{port}   (Ctrl-C stops it)")
+    try:
+        raise typer.Exit(subprocess.call(cmd, env=env))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+@app.command()
+def schema():
+    """Print the JSON Schema of study files (for editor autocompletion)."""
+    from .spec.jsonschema import study_json_schema
+
+    sys.stdout.write(json.dumps(study_json_schema(), indent=2) + "\n")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+"""User-facing errors. The CLI prints them as one line and exits non-zero, without a traceback."""
+
+
+class StudyrunnerError(Exception):
+    """An error the user can mend: the message names the file or field and what is allowed."""
+
+    exit_code = 1
+
+
+class SpecError(StudyrunnerError):
+    """A study file that cannot be loaded, validated or compiled."""
+
+    exit_code = 2

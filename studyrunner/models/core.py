@@ -1,0 +1,158 @@
+"""The shared transformer core: attention, MLP, pre-norm block, embedding and head.
+
+Every family composes these; a paper's mechanism (halting, memory, conditioning, KV sharing) is a
+small module around them, never a copy of them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+
+
+class CoreParams(BaseModel):
+    """Knobs every family shares."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    d_model: int = Field(64, ge=8, le=8192, description="Residual stream width.")
+    n_heads: int = Field(4, ge=1, le=128, description="Attention heads; must divide d_model.")
+    mlp_ratio: int = Field(4, ge=1, le=16, description="MLP hidden width = mlp_ratio * d_model.")
+    pos: Literal["learned", "rope"] = Field(
+        "learned", description="Learned absolute positions, or rotary embeddings in every attention layer."
+    )
+    rope_base: float = Field(10000.0, gt=1, description="RoPE base (the addition runs in the notes used 100).")
+    norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="Pre-norm type.")
+    bias: bool = Field(False, description="Biases in linear layers and LayerNorm.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on attention and residual branches.")
+    init_std: float = Field(
+        0.02, gt=0, le=1,
+        description="Std of the normal init of linears and of token/position embeddings (GPT-2 style).",
+    )
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> CoreParams:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        return self
+
+
+def make_norm(p: CoreParams) -> nn.Module:
+    if p.norm == "rmsnorm":
+        return nn.RMSNorm(p.d_model)
+    return nn.LayerNorm(p.d_model, bias=p.bias)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (per head, rotate-half form), cached up to `max_len`."""
+
+    def __init__(self, head_dim: int, max_len: int, base: float):
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+        self.register_buffer("cos", torch.cat([angles.cos()] * 2, dim=-1), persistent=False)
+        self.register_buffer("sin", torch.cat([angles.sin()] * 2, dim=-1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, H, T, D)
+        t = x.shape[-2]
+        x1, x2 = x.chunk(2, dim=-1)
+        rotated = torch.cat([-x2, x1], dim=-1)
+        return x * self.cos[:t] + rotated * self.sin[:t]
+
+
+class Attention(nn.Module):
+    def __init__(self, p: CoreParams, causal: bool, rotary: Rotary | None):
+        super().__init__()
+        self.n_heads, self.causal, self.dropout = p.n_heads, causal, p.dropout
+        self.qkv = nn.Linear(p.d_model, 3 * p.d_model, bias=p.bias)
+        self.proj = nn.Linear(p.d_model, p.d_model, bias=p.bias)
+        self.rotary = rotary  # shared module: its buffers are not parameters
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=self.causal, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class MLP(nn.Module):
+    def __init__(self, p: CoreParams):
+        super().__init__()
+        self.fc = nn.Linear(p.d_model, p.mlp_ratio * p.d_model, bias=p.bias)
+        self.proj = nn.Linear(p.mlp_ratio * p.d_model, p.d_model, bias=p.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(x))."""
+
+    def __init__(self, p: CoreParams, causal: bool, rotary: Rotary | None = None):
+        super().__init__()
+        self.norm1, self.attn = make_norm(p), Attention(p, causal, rotary)
+        self.norm2, self.mlp = make_norm(p), MLP(p)
+        self.drop = nn.Dropout(p.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.norm1(x)))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+class Embedding(nn.Module):
+    """Token embedding plus learned absolute positions (when pos == 'learned')."""
+
+    def __init__(self, p: CoreParams, vocab_size: int, max_len: int):
+        super().__init__()
+        self.max_len = max_len
+        self.tokens = nn.Embedding(vocab_size, p.d_model)
+        self.positions = nn.Embedding(max_len, p.d_model) if p.pos == "learned" else None
+        self.drop = nn.Dropout(p.dropout)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.shape[1] > self.max_len:
+            raise ValueError(f"sequence of {tokens.shape[1]} tokens exceeds the model's max length {self.max_len}")
+        h = self.tokens(tokens)
+        if self.positions is not None:
+            h = h + self.positions.weight[: tokens.shape[1]]
+        return self.drop(h)
+
+
+class Head(nn.Module):
+    """Final norm and an (untied) projection to the vocabulary."""
+
+    def __init__(self, p: CoreParams, vocab_size: int):
+        super().__init__()
+        self.norm = make_norm(p)
+        self.out = nn.Linear(p.d_model, vocab_size, bias=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(h))
+
+
+def rotary_for(p: CoreParams, max_len: int) -> Rotary | None:
+    return Rotary(p.d_model // p.n_heads, max_len, p.rope_base) if p.pos == "rope" else None
+
+
+def init_weights(model: nn.Module, std: float, depth: int) -> None:
+    """GPT-2 init: normal(std) linears and embeddings, zero biases, and residual output projections
+    scaled by 1/sqrt(2*depth) (depth = block applications) so the residual stream's variance does not
+    grow with depth. Embeddings at std (not nn.Embedding's 1) keep positions from being swamped, which
+    decided whether p-hop learned at all in the CPU-scale notes."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            scale = 1 / math.sqrt(2 * depth) if name.endswith(("attn.proj", "mlp.proj")) else 1.0
+            nn.init.normal_(module.weight, mean=0.0, std=std * scale)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)

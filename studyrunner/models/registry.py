@@ -1,0 +1,63 @@
+"""Model family registry: a family is a name, a pydantic params model and a builder.
+
+The builder receives the validated params and the task's facts (an object with `vocab_size`,
+`seq_len` and `causal`, normally `studyrunner.tasks.TaskFacts`) and returns an `nn.Module` whose
+`forward(tokens)` returns a `ModelOutput` and which has an `effective_depth` attribute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from pydantic import BaseModel
+from torch import nn
+
+
+class TaskFactsLike(Protocol):
+    vocab_size: int
+    seq_len: int
+    causal: bool
+
+
+FamilyBuilder = Callable[[BaseModel, TaskFactsLike], nn.Module]
+
+
+@dataclass(frozen=True)
+class FamilyEntry:
+    name: str
+    params_model: type[BaseModel]
+    builder: FamilyBuilder
+
+
+FAMILIES: dict[str, FamilyEntry] = {}
+
+
+def register_family(name: str, params_model: type[BaseModel]) -> Callable[[FamilyBuilder], FamilyBuilder]:
+    def decorator(builder: FamilyBuilder) -> FamilyBuilder:
+        if name in FAMILIES:
+            raise ValueError(f"model family {name!r} is registered twice")
+        FAMILIES[name] = FamilyEntry(name, params_model, builder)
+        return builder
+
+    return decorator
+
+
+def get_family(name: str) -> FamilyEntry:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise KeyError(f"unknown model family {name!r}; valid: {', '.join(sorted(FAMILIES))}") from None
+
+
+def build_model(family: str, params: dict | BaseModel, facts: TaskFactsLike) -> nn.Module:
+    entry = get_family(family)
+    if not isinstance(params, entry.params_model):
+        params = entry.params_model.model_validate(params)
+    return entry.builder(params, facts)
+
+
+def count_params(model: nn.Module) -> int:
+    """Distinct trainable parameters: a weight shared across loops counts once."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,88 @@
+"""Driver-side recording of every trial event: ledger rows, MLflow runs and Parquet curves."""
+
+from __future__ import annotations
+
+import traceback
+
+from ray.tune import Callback
+
+from ..spec import CompiledStudy, Trial
+from ..store import CurveStore, Ledger
+from .tracking import Tracker
+
+
+def _error_text(trial) -> str:
+    try:
+        err = trial.get_pickled_error()
+    except Exception:  # noqa: BLE001 - an unreadable error file must not hide the failure itself
+        err = None
+    if err is not None:
+        cause = getattr(err, "cause", None) or err
+        lines = traceback.format_exception_only(type(cause), cause)
+        return "".join(lines).strip()[-4000:]
+    return f"trial failed; see {trial.error_file or 'the Ray logs'}"
+
+
+class Recorder(Callback):
+    def __init__(self, compiled: CompiledStudy, ledger: Ledger, tracker: Tracker, curves: CurveStore,
+                 experiment_id: str, parent_runs: dict[str, str]):
+        self.study = compiled.study
+        self.trials: dict[str, Trial] = {t.trial_key: t for t in compiled.trials}
+        self.ledger, self.tracker, self.curves = ledger, tracker, curves
+        self.experiment_id, self.parent_runs = experiment_id, parent_runs
+        self.runs: dict[str, str] = {}  # trial_key -> MLflow run of the current attempt
+        self.rows: dict[str, list[dict]] = {}
+        self.finished: set[str] = set()
+
+    @staticmethod
+    def _key(trial) -> str:
+        return trial.config["trial"]["trial_key"]
+
+    def _ensure_run(self, key: str) -> str:
+        if key not in self.runs:
+            t = self.trials[key]
+            self.runs[key] = self.tracker.trial_run(self.experiment_id, self.parent_runs[t.cell_hash], self.study, t)
+            self.rows[key] = []
+            self.ledger.mark_running(key, self.runs[key])
+        return self.runs[key]
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self._ensure_run(self._key(trial))
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        key = self._key(trial)
+        run_id = self._ensure_run(key)
+        if result.get("final"):
+            return  # the summary repeats the last records; it is stored at completion
+        step, metrics = int(result["step"]), result["metrics"]
+        self.rows[key].append({"step": step, **metrics})
+        self.tracker.log_metrics(run_id, step, metrics)
+
+    def _close(self, key: str, status: str) -> None:
+        self.curves.write(self.study.name, key, self.rows.pop(key, []))
+        self.tracker.end(self.runs.pop(key), status)
+        self.finished.add(key)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        key = self._key(trial)
+        self._ensure_run(key)
+        result = trial.last_result or {}
+        final = result.get("metrics", {}) if result.get("final") else {}
+        self._close(key, "FINISHED")
+        if final:
+            self.ledger.mark_succeeded(key, final)
+        else:
+            self.ledger.mark_failed(key, "trial ended without reporting final metrics")
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        """A retry (FailureConfig.max_failures): close this attempt as failed; the next gets a new run."""
+        key = self._key(trial)
+        if key in self.runs:
+            self.tracker.end(self.runs.pop(key), "FAILED")
+            self.rows.pop(key, None)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        key = self._key(trial)
+        self._ensure_run(key)
+        self._close(key, "FAILED")
+        self.ledger.mark_failed(key, _error_text(trial))

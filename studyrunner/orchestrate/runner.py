@@ -1,0 +1,159 @@
+"""`submit`: register a compiled study in the ledger and run its pending trials on Ray Tune."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from ..errors import StudyrunnerError
+from ..spec import CompiledStudy
+from ..store import CurveStore, Ledger
+from ..workspace import Workspace
+from .progress import ProgressDisplay
+from .recorder import Recorder
+from .tracking import Tracker
+
+
+@dataclass
+class SubmitResult:
+    study: str
+    trials: int
+    skipped: list[str] = field(default_factory=list)
+    succeeded: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    interrupted: list[str] = field(default_factory=list)
+    wall_time_s: float = 0.0
+
+    @property
+    def ran(self) -> int:
+        return len(self.succeeded) + len(self.failed)
+
+
+def _quiet_ray_env() -> None:
+    # Ray 2.60 writes an auth token under $HOME unless told this is local, unauthenticated use.
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Tune's own CSV/JSON/TensorBoard loggers duplicate what the ledger, MLflow and Parquet hold.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("TUNE_MAX_PENDING_TRIALS_PG", "auto")
+
+
+def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
+    """Start a local Ray (or join `address` / $RAY_ADDRESS). True if this call started it."""
+    import ray
+
+    _quiet_ray_env()
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    kwargs: dict = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING,
+                    "configure_logging": True}
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        # Unix socket paths are limited to 107 characters, so Ray's session folder must be short.
+        temp_dir = Path(tempfile.gettempdir()) / f"sr-ray-{os.getuid()}"
+        ray.init(num_cpus=num_cpus, _temp_dir=str(temp_dir), **kwargs)
+    return True
+
+
+def submit(
+    compiled: CompiledStudy,
+    workspace: Workspace,
+    *,
+    address: str | None = None,
+    max_concurrent: int | None = None,
+    max_failures: int = 0,
+    console: Console | None = None,
+    show_progress: bool = True,
+) -> SubmitResult:
+    console = console or Console(stderr=True)
+    study = compiled.study
+    workspace.ensure()
+    ledger = Ledger(workspace.db_url)
+    reg = ledger.register(compiled)
+    result = SubmitResult(study.name, len(compiled.trials), skipped=reg.skipped)
+    console.print(
+        f"[bold]{study.name}[/]: {len(compiled.cells)} cells x {len(study.seeds)} seeds = "
+        f"{len(compiled.trials)} trials; {len(reg.skipped)} already succeeded (skipped), "
+        f"{len(reg.to_run)} to run"
+    )
+    if not reg.to_run:
+        return result
+
+    tracker = Tracker(workspace.tracking_uri)
+    experiment_id = tracker.experiment(study.name, workspace.artifact_location(study.name), study.description)
+    ledger.set_experiment(study.name, experiment_id)
+    to_run = [t for t in compiled.trials if t.trial_key in set(reg.to_run)]
+    known_parents = {c.cell_hash: c.mlflow_run_id for c in ledger.cells(study.name)}
+    parent_runs: dict[str, str] = {}
+    for cell in compiled.cells:
+        if any(t.cell_hash == cell.cell_hash for t in to_run):
+            run_id = tracker.cell_run(experiment_id, study, cell, known_parents.get(cell.cell_hash))
+            if run_id != known_parents.get(cell.cell_hash):
+                ledger.set_cell_run(study.name, cell.cell_hash, run_id)
+            parent_runs[cell.cell_hash] = run_id
+
+    started_ray = ensure_ray(address)
+    try:
+        started = time.perf_counter()
+        _fit(compiled, to_run, workspace, ledger, tracker, experiment_id, parent_runs,
+             max_concurrent=max_concurrent, max_failures=max_failures, console=console,
+             show_progress=show_progress)
+        result.wall_time_s = time.perf_counter() - started
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+    for row in ledger.trials(study.name, [t.trial_key for t in to_run]):
+        {"succeeded": result.succeeded, "failed": result.failed}.get(row.status, result.interrupted).append(
+            row.trial_key)
+    if result.interrupted:  # the driver stopped first (Ctrl-C): they are not failures, so run them next time
+        ledger.reset_to_pending(result.interrupted)
+    return result
+
+
+def _fit(compiled, to_run, workspace, ledger, tracker, experiment_id, parent_runs, *,
+         max_concurrent, max_failures, console, show_progress) -> None:
+    from ray import tune
+
+    from .trainable import trainable
+
+    study = compiled.study
+    recorder = Recorder(compiled, ledger, tracker, CurveStore(workspace.storage), experiment_id, parent_runs)
+    progress = ProgressDisplay({t.trial_key: t.config["train"]["steps"] for t in to_run}, console=console)
+    callbacks = [recorder, progress] if show_progress else [recorder]
+    payloads = [{"trial_key": t.trial_key, "seed": t.seed, "cell": t.config, "threads": study.resources.cpu}
+                for t in to_run]
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, {"cpu": study.resources.cpu, "gpu": study.resources.gpu}),
+        param_space={"trial": tune.grid_search(payloads)},
+        tune_config=tune.TuneConfig(
+            reuse_actors=True,
+            max_concurrent_trials=max_concurrent,
+            trial_name_creator=lambda trial: trial.config["trial"]["trial_key"],
+            trial_dirname_creator=lambda trial: trial.config["trial"]["trial_key"],
+        ),
+        run_config=tune.RunConfig(
+            name=f"{study.name}-{time.strftime('%Y%m%d-%H%M%S')}",
+            storage_path=workspace.ray_storage(),
+            callbacks=callbacks,
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=max_failures),
+        ),
+    )
+    if show_progress:
+        with progress:
+            tuner.fit()
+    else:
+        tuner.fit()
+    if not recorder.finished and to_run:
+        raise StudyrunnerError("Ray Tune finished without running any trial; see the Ray logs")

@@ -1,0 +1,115 @@
+"""MLflow tracking from the driver: one experiment per study, a parent run per cell, a child per trial.
+
+All writes happen in the submitting process (one writer), so the embedded SQLite store never sees
+concurrent writers and workers need no access to the tracking server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import time
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..errors import StudyrunnerError
+from ..spec import Cell, Trial, flatten_config
+
+MAX_PARAM_LEN = 6000  # MLflow's limit for a param value
+
+
+@cache
+def git_sha(where: str = ".") -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def _params(config: dict[str, Any], seed: int | None = None) -> dict[str, str]:
+    flat = flatten_config(config)
+    if seed is not None:
+        flat["seed"] = seed
+    return {k: (json.dumps(v) if isinstance(v, list | tuple) else str(v))[:MAX_PARAM_LEN] for k, v in flat.items()}
+
+
+class Tracker:
+    def __init__(self, tracking_uri: str):
+        logging.getLogger("alembic").setLevel(logging.WARNING)  # first use of a store runs migrations
+        from mlflow import MlflowClient
+
+        self.uri = tracking_uri
+        if tracking_uri.startswith("sqlite:///"):
+            Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.client = MlflowClient(tracking_uri)
+        except Exception as exc:  # noqa: BLE001 - MLflow raises many types for a bad URI
+            raise StudyrunnerError(f"cannot open MLflow tracking store {tracking_uri!r}: {exc}") from None
+
+    def experiment(self, study: str, artifact_location: str, description: str = "") -> str:
+        exp = self.client.get_experiment_by_name(study)
+        if exp is None:
+            return self.client.create_experiment(
+                study, artifact_location=artifact_location,
+                tags={"study": study, "mlflow.note.content": description},
+            )
+        if exp.lifecycle_stage == "deleted":
+            self.client.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+
+    def _tags(self, study: str, source: str) -> dict[str, str]:
+        return {"study": study, "git_sha": git_sha(str(Path(source).parent) if Path(source).exists() else "."),
+                "studyrunner_version": __version__}
+
+    def cell_run(self, experiment_id: str, study, cell: Cell, known_run_id: str | None) -> str:
+        """The cell's parent run: the one the ledger knows, else a new one."""
+        if known_run_id:
+            try:
+                run = self.client.get_run(known_run_id)
+                if run.info.lifecycle_stage == "active":
+                    return known_run_id
+            except Exception:  # noqa: BLE001 - the run was deleted from the store by hand
+                pass
+        run = self.client.create_run(
+            experiment_id, run_name=cell.label,
+            tags={**self._tags(study.name, study.source), "cell_hash": cell.cell_hash, "kind": "cell"},
+        )
+        self._log_params(run.info.run_id, _params(cell.config))
+        self.client.set_terminated(run.info.run_id, "FINISHED")
+        return run.info.run_id
+
+    def trial_run(self, experiment_id: str, parent_run_id: str, study, trial: Trial) -> str:
+        tags = {
+            **self._tags(study.name, study.source),
+            "cell_hash": trial.cell_hash, "trial_key": trial.trial_key, "seed": str(trial.seed),
+            "kind": "trial", "mlflow.parentRunId": parent_run_id,
+        }
+        run = self.client.create_run(experiment_id, run_name=f"{trial.label} seed={trial.seed}", tags=tags)
+        run_id = run.info.run_id
+        self._log_params(run_id, _params(trial.config, trial.seed))
+        self.client.log_text(run_id, study.text, "study.yaml")
+        self.client.log_dict(run_id, {"trial_key": trial.trial_key, "seed": trial.seed, **trial.config},
+                             "resolved_config.json")
+        return run_id
+
+    def _log_params(self, run_id: str, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(items), 100):  # MLflow's per-batch param limit
+            self.client.log_batch(run_id, params=items[i : i + 100])
+
+    def log_metrics(self, run_id: str, step: int, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step) for k, v in metrics.items() if isinstance(v, int | float)]
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(run_id, metrics=items[i : i + 1000])
+
+    def end(self, run_id: str, status: str) -> None:
+        self.client.set_terminated(run_id, status)

@@ -1,0 +1,48 @@
+"""Read a study's outcomes as pandas frames: one row per trial, and per-step curves.
+
+    >>> from studyrunner import results
+    >>> df = results.load("quickstart")
+    >>> df.groupby("cell")["eval_accuracy"].agg(["mean", "std", "count"])
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .spec import flatten_config
+from .store import CurveStore, Ledger
+from .workspace import Workspace
+
+ID_COLUMNS = ["study", "trial_key", "cell_hash", "cell", "seed", "status", "attempts", "started_at",
+              "finished_at", "duration_s", "mlflow_run_id", "error"]
+
+
+def trials_frame(ledger: Ledger, study: str) -> pd.DataFrame:
+    """Identity and status columns, then the flattened resolved config, then final metrics."""
+    ledger.get_study(study)
+    cells = {c.cell_hash: c for c in ledger.cells(study)}
+    rows, config_cols, metric_cols = [], {}, {}
+    for t in ledger.trials(study):
+        cell = cells[t.cell_hash]
+        duration = (t.finished_at - t.started_at).total_seconds() if t.finished_at and t.started_at else None
+        config = flatten_config(cell.config)
+        metrics = t.metrics or {}
+        config_cols.update(dict.fromkeys(config))
+        metric_cols.update(dict.fromkeys(metrics))
+        rows.append({
+            "study": study, "trial_key": t.trial_key, "cell_hash": t.cell_hash, "cell": cell.label,
+            "seed": t.seed, "status": t.status, "attempts": t.attempts, "started_at": t.started_at,
+            "finished_at": t.finished_at, "duration_s": duration, "mlflow_run_id": t.mlflow_run_id,
+            "error": t.error, **config, **metrics,
+        })
+    return pd.DataFrame(rows, columns=ID_COLUMNS + list(config_cols) + sorted(metric_cols))
+
+
+def load(study: str, db: str | None = None, workspace: str | None = None) -> pd.DataFrame:
+    """One row per trial of `study` from the ledger (default: the workspace's SQLite)."""
+    return trials_frame(Ledger(Workspace.resolve(workspace, db=db).db_url), study)
+
+
+def curves(study: str, storage: str | None = None, workspace: str | None = None) -> pd.DataFrame:
+    """Every per-step record of `study` (columns: trial_key, step, metrics; NaN where not logged)."""
+    return CurveStore(Workspace.resolve(workspace, storage=storage).storage).read_study(study)

@@ -1,0 +1,196 @@
+"""Expand a study into cells (a config without the seed) and trials (cell x seed).
+
+Every cell config is *resolved*: family and task params are validated against their registries and
+filled with defaults, so two files that mean the same thing compile to the same hashes whatever
+their key order, number formatting or YAML style.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ..models import get_family
+from ..tasks import get_task
+from .errors import describe, spec_error
+from .schema import EvalSection, Study, TrainSection
+
+
+@dataclass(frozen=True)
+class Cell:
+    cell_hash: str
+    config: dict[str, Any]  # resolved {task, model, train, eval}
+    overrides: dict[str, Any]  # axis path -> value that makes this cell
+    label: str
+
+
+@dataclass(frozen=True)
+class Trial:
+    trial_key: str
+    study: str
+    cell_hash: str
+    seed: int
+    config: dict[str, Any]
+    label: str
+
+
+@dataclass(frozen=True)
+class CompiledStudy:
+    study: Study
+    cells: list[Cell]
+    trials: list[Trial] = field(default_factory=list)
+
+    @property
+    def axes(self) -> list[str]:
+        """Varied paths, in file order."""
+        return list(self.study.grid) + [p for group in self.study.zip for p in group]
+
+
+def canonical_json(obj: Any) -> str:
+    """One text per value: sorted keys, no whitespace, shortest float repr, no NaN."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'model': {'params': {'loops': 4}}} -> {'model.params.loops': 4}; lists stay values."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten_config(value, path + "."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def config_hash(config: dict[str, Any], n: int = 12) -> str:
+    return hashlib.sha256(canonical_json(config).encode()).hexdigest()[:n]
+
+
+def trial_key(study: str, cell_hash: str, seed: int) -> str:
+    """Study name + hash of the canonical resolved config + seed: readable and unique per ledger."""
+    return f"{study}-{cell_hash}-s{seed}"
+
+
+class _Invalid(Exception):
+    def __init__(self, loc: tuple, msg: str):
+        self.loc, self.msg = loc, msg
+
+
+def _validate(model: type[BaseModel], data: Any, prefix: tuple) -> dict[str, Any]:
+    try:
+        return model.model_validate(data).model_dump(mode="json")
+    except ValidationError as exc:
+        raise _Invalid(*describe(exc, model, prefix)) from None
+
+
+def resolve(raw: dict[str, Any]) -> dict[str, Any]:
+    """Validate one cell's raw {task, model, train, eval} and fill every default."""
+    try:
+        task = get_task(raw["task"]["name"])
+    except KeyError as exc:
+        raise _Invalid(("task", "name"), exc.args[0]) from None
+    try:
+        family = get_family(raw["model"]["family"])
+    except KeyError as exc:
+        raise _Invalid(("model", "family"), exc.args[0]) from None
+    for section in ("task", "model"):
+        if not isinstance(raw[section].get("params", {}), dict):
+            raise _Invalid((section, "params"), "must be a mapping of parameter names to values")
+    return {
+        "task": {"name": task.name, "params": _validate(task.params_model, raw["task"].get("params", {}),
+                                                        ("task", "params"))},
+        "model": {"family": family.name, "params": _validate(family.params_model,
+                                                             raw["model"].get("params", {}),
+                                                             ("model", "params"))},
+        "train": _validate(TrainSection, raw["train"], ("train",)),
+        "eval": _validate(EvalSection, raw["eval"], ("eval",)),
+    }
+
+
+def set_path(config: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    node = config
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise _Invalid(tuple(path.split(".")), f"{part!r} is not a mapping, so {path!r} cannot be set")
+        node = child
+    node[leaf] = value
+
+
+def _label(overrides: dict[str, Any]) -> str:
+    if not overrides:
+        return "base"
+    leaves = [p.rsplit(".", 1)[-1] for p in overrides]
+    names = [leaf if leaves.count(leaf) == 1 else path for leaf, path in zip(leaves, overrides, strict=True)]
+    return " ".join(f"{n}={v}" for n, v in zip(names, overrides.values(), strict=True))
+
+
+def compile_study(study: Study) -> CompiledStudy:
+    source, node = study.source, study._node
+    base = {
+        "task": study.task.model_dump(),
+        "model": study.model.model_dump(),
+        "train": study.train.model_dump(),
+        "eval": study.eval.model_dump(),
+    }
+
+    def cell_config(overrides: dict[str, Any], where: tuple | None) -> dict[str, Any]:
+        raw = copy.deepcopy(base)
+        try:
+            for path, value in overrides.items():
+                set_path(raw, path, value)
+            return resolve(raw)
+        except _Invalid as exc:
+            field_path = ".".join(map(str, exc.loc))
+            msg = exc.msg if field_path in overrides else f"{field_path}: {exc.msg}"
+            if where is None:  # a combination of valid axis values: name the cell
+                where, msg = ("grid",), f"cell '{_label(overrides)}': {msg}"
+            elif not overrides:
+                where, msg = exc.loc, exc.msg
+            raise spec_error(source, node, where, msg) from None
+
+    cell_config({}, where=())  # the base config must be valid on its own
+    axes: list[list[dict[str, Any]]] = []
+    for path, values in study.grid.items():
+        for i, value in enumerate(values):
+            cell_config({path: value}, where=("grid", path, i))
+        axes.append([{path: v} for v in values])
+    for g, group in enumerate(study.zip):
+        paths = list(group)
+        rows = [dict(zip(paths, vals, strict=True)) for vals in zip(*group.values(), strict=True)]
+        for i, row in enumerate(rows):
+            cell_config(row, where=("zip", g, paths[0], i))
+        axes.append(rows)
+
+    excluded = [{p: canonical_json(v) for p, v in partial.items()} for partial in study.exclude]
+    cells: list[Cell] = []
+    seen: dict[str, str] = {}
+    for combo in itertools.product(*axes):
+        overrides = {k: v for part in combo for k, v in part.items()}
+        if any(all(canonical_json(overrides[p]) == v for p, v in ex.items()) for ex in excluded):
+            continue
+        config = cell_config(overrides, where=None)
+        h = config_hash(config)
+        label = _label(overrides)
+        if h in seen:
+            raise spec_error(source, node, ("grid",),
+                             f"cells '{seen[h]}' and '{label}' resolve to the same config; drop one value")
+        seen[h] = label
+        cells.append(Cell(h, config, overrides, label))
+    if not cells:
+        raise spec_error(source, node, ("exclude",), "every cell is excluded; nothing would run")
+
+    trials = [
+        Trial(trial_key(study.name, c.cell_hash, s), study.name, c.cell_hash, s, c.config, c.label)
+        for c in cells
+        for s in study.seeds
+    ]
+    return CompiledStudy(study, cells, trials)

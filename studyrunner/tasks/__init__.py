@@ -1,0 +1,7 @@
+"""Generated tasks. Importing this package registers every built-in task."""
+
+from . import addition, phop  # noqa: F401  (registration side effect)
+from .base import Batch, Task, TaskFacts
+from .registry import TASKS, build_task, get_task, register_task
+
+__all__ = ["TASKS", "Batch", "Task", "TaskFacts", "build_task", "get_task", "register_task"]

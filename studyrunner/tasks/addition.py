@@ -1,0 +1,81 @@
+"""Task `addition`: n-ary addition of fixed-width operands (Saunshi et al., seed 002, §2.1).
+
+Format `abc+def+...=` then the sum as exactly A digits, least-significant first by default (the CPU
+notes found reversed answers learnable; `reverse_answer: false` gives the paper's reading order).
+Teacher-forced: the loss and metrics cover the answer digits only, so exact match under teacher
+forcing equals greedy-decoding exact match. Every batch has one operand count, so nothing is padded;
+evaluation reports each count in `eval_operands` as its own split (`_n8`), unseen counts included.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .base import Batch, Task, TaskFacts
+from .registry import register_task
+
+PLUS, EQUALS = 10, 11
+
+
+class AdditionParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    digits: int = Field(3, ge=1, le=6, description="Digits per operand (zero-padded).")
+    train_operands: list[int] = Field([2], min_length=1, description="Operand counts mixed in training.")
+    eval_operands: list[int] = Field([2], min_length=1, description="Operand counts evaluated, one split each.")
+    reverse_answer: bool = Field(True, description="Answer least-significant digit first.")
+
+    @field_validator("train_operands", "eval_operands")
+    @classmethod
+    def _at_least_two(cls, counts: list[int]) -> list[int]:
+        if any(c < 2 or c > 64 for c in counts):
+            raise ValueError("operand counts must be between 2 and 64")
+        return sorted(set(counts))
+
+
+class Addition(Task):
+    def __init__(self, params: AdditionParams, seed: int):
+        self.p, self.seed = params, seed
+        max_n = max(params.train_operands + params.eval_operands)
+        self.answer_digits = len(str(max_n * (10**params.digits - 1)))
+        longest = max_n * (params.digits + 1) + self.answer_digits - 1
+        self.facts = TaskFacts(vocab_size=12, seq_len=longest, causal=True)
+
+    def sequences(self, operands: np.ndarray) -> np.ndarray:
+        """(m, n) operands -> (m, n*(digits+1) + A) tokens."""
+        m, n = operands.shape
+        d = self.p.digits
+        digits = (operands[..., None] // 10 ** np.arange(d - 1, -1, -1)) % 10  # (m, n, d), MSB first
+        sep = np.full((m, n, 1), PLUS)
+        sep[:, -1, 0] = EQUALS
+        prompt = np.concatenate([digits, sep], axis=2).reshape(m, n * (d + 1))
+        a = self.answer_digits
+        answer = (operands.sum(axis=1)[:, None] // 10 ** np.arange(a)) % 10  # LSB first
+        if not self.p.reverse_answer:
+            answer = answer[:, ::-1]
+        return np.concatenate([prompt, answer], axis=1)
+
+    def _batch(self, rng: np.random.Generator, count: int, n: int) -> Batch:
+        seq = torch.from_numpy(self.sequences(rng.integers(0, 10**self.p.digits, size=(count, n))))
+        inputs, targets = seq[:, :-1], seq[:, 1:]
+        mask = torch.zeros_like(targets, dtype=torch.bool)
+        mask[:, -self.answer_digits :] = True
+        return Batch(inputs.contiguous(), targets.contiguous(), mask)
+
+    def train_batch(self, step: int, batch_size: int) -> Batch:
+        rng = np.random.default_rng([self.seed, step, 0xADD])
+        n = int(rng.choice(self.p.train_operands))
+        return self._batch(rng, batch_size, n)
+
+    def eval_sets(self, examples: int) -> dict[str, Batch]:
+        return {
+            f"n{n}": self._batch(np.random.default_rng([0xE7A1, n, self.p.digits]), examples, n)
+            for n in self.p.eval_operands
+        }
+
+
+@register_task("addition", AdditionParams)
+def build(params: AdditionParams, seed: int) -> Addition:
+    return Addition(params, seed)

@@ -1,0 +1,72 @@
+"""What every task provides: facts for the model builder, deterministic batches and metrics.
+
+Tasks are pure Python/PyTorch: they import nothing from the platform.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class TaskFacts:
+    """What a model builder needs to know about a task."""
+
+    vocab_size: int
+    seq_len: int  # longest input the model will see, over training and every eval split
+    causal: bool  # True: decoder (causal attention); False: bidirectional encoder
+
+
+@dataclass
+class Batch:
+    """Token inputs with per-position targets; only positions in `loss_mask` are scored."""
+
+    inputs: torch.Tensor  # (B, T) long
+    targets: torch.Tensor  # (B, T) long
+    loss_mask: torch.Tensor  # (B, T) bool
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+    def slice(self, start: int, stop: int) -> Batch:
+        return Batch(self.inputs[start:stop], self.targets[start:stop], self.loss_mask[start:stop])
+
+
+class Task:
+    """Base class. Subclasses set `facts` and implement `train_batch` and `eval_sets`.
+
+    Determinism contract:
+    - `train_batch(step, batch_size)` depends only on (task params, trial seed, step), so a trial
+      resumed at step s sees the same data as one that never stopped.
+    - `eval_sets(examples)` depends only on the task params, not on the trial seed, so every seed
+      of a cell is scored on the same held-out examples.
+    """
+
+    facts: TaskFacts
+
+    def train_batch(self, step: int, batch_size: int) -> Batch:
+        raise NotImplementedError
+
+    def eval_sets(self, examples: int) -> dict[str, Batch]:
+        """Held-out splits, keyed by split suffix ('' for a task with one split, e.g. 'n8')."""
+        raise NotImplementedError
+
+    def loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Mean cross-entropy over the scored positions."""
+        mask = batch.loss_mask
+        return F.cross_entropy(logits[mask], batch.targets[mask])
+
+    def metrics(self, logits: torch.Tensor, batch: Batch) -> dict[str, float]:
+        """Per-token accuracy over scored positions and exact match over whole examples.
+
+        Tasks with other notions of success (e.g. only blank Sudoku cells) override this and keep the
+        names `accuracy` and `exact_match`, adding their own beside them.
+        """
+        mask = batch.loss_mask
+        correct = (logits.argmax(-1) == batch.targets) & mask
+        accuracy = correct.sum().item() / max(1, mask.sum().item())
+        exact = (correct | ~mask).all(dim=1).float().mean().item()
+        return {"accuracy": accuracy, "exact_match": exact}

@@ -1,0 +1,127 @@
+"""Task `phop`: p-hop induction (Sanford et al. 2024; Saunshi et al., seed 002, §2.1).
+
+For a sequence v[1..n] (1-indexed), find_1(v, i) = max({0} U {j <= i : v[j-1] = v[i]}): the position
+just after the latest earlier occurrence of v[i]. find_p applies find_1 p times from i = n, and the
+answer is v[find_p(v, n)]. The model reads the n tokens and predicts the answer at the last position.
+
+The paper leaves the filler rule open. As the engineering notes recommend, the hop chain is built
+explicitly right-to-left (so the answer always exists), gap interiors avoid the searched token, and
+every batch is checked against the formal definition before it is used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .base import Batch, Task, TaskFacts
+from .registry import register_task
+
+
+class PhopParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    alphabet: int = Field(4, ge=2, le=256, description="|Sigma|, the number of distinct tokens.")
+    seq_len: int = Field(32, ge=4, le=8192, description="n, the sequence length.")
+    hops: int = Field(2, ge=1, le=1024, description="p, the number of hops.")
+
+    @model_validator(mode="after")
+    def _chain_fits(self) -> PhopParams:
+        if 2 * self.hops + 2 > self.seq_len:
+            raise ValueError(f"a {self.hops}-hop chain needs seq_len >= {2 * self.hops + 2}, got {self.seq_len}")
+        return self
+
+
+def hop_answer(seq: list[int], p: int) -> int | None:
+    """Literal transcription of the formal definition (1-indexed); None stands for bottom."""
+
+    def at(k: int) -> int:
+        return seq[k - 1]
+
+    def find_1(i: int) -> int:
+        if i == 0:
+            return 0
+        return max([0] + [j for j in range(2, i + 1) if at(j - 1) == at(i)])
+
+    i = len(seq)
+    for _ in range(p):
+        i = find_1(i)
+    return at(i) if i != 0 else None
+
+
+def hop_answers(v: np.ndarray, p: int) -> np.ndarray:
+    """Vectorised hop_answer over rows (0-indexed); -1 where the answer is bottom."""
+    m, n = v.shape
+    rows = np.arange(m)
+    cur = np.full(m, n - 1)  # 0-indexed position of i
+    alive = np.ones(m, dtype=bool)
+    for _ in range(p):
+        eq = (v == v[rows, cur][:, None]) & (np.arange(n)[None, :] < cur[:, None])
+        found = eq.any(axis=1)
+        latest = n - 1 - np.argmax(eq[:, ::-1], axis=1)
+        alive &= found
+        cur = np.where(found, latest + 1, 0)
+    return np.where(alive, v[rows, cur], -1)
+
+
+def sample_phop(rng: np.random.Generator, count: int, alphabet: int, n: int, p: int) -> tuple[np.ndarray, np.ndarray]:
+    """`count` sequences (count, n) with their answers (count,), chains built right-to-left."""
+    max_gap = max(2, int(1.6 * (n - 1) / p))
+    gaps = np.empty((0, p), dtype=np.int64)
+    while len(gaps) < count:  # chains that run off the start are rejected (~25% at n=32, p=2)
+        draw = rng.integers(2, max_gap + 1, size=(2 * count, p))
+        gaps = np.concatenate([gaps, draw[n - draw.sum(axis=1) >= 2]])
+    gaps = gaps[:count]
+    rows = np.arange(count)
+    # chain positions (1-indexed): i_0 = n > i_1 > ... > i_p, with v[i_{h+1} - 1] = v[i_h]
+    chain = np.concatenate([np.full((count, 1), n), n - np.cumsum(gaps, axis=1)], axis=1)
+    tokens = np.empty((count, p + 1), dtype=np.int64)
+    tokens[:, 0] = rng.integers(0, alphabet, size=count)
+    for h in range(p):  # consecutive chain tokens differ, else the chain would short-cut itself
+        tokens[:, h + 1] = (tokens[:, h] + 1 + rng.integers(0, alphabet - 1, size=count)) % alphabet
+
+    pos = np.arange(1, n + 1)[None, :]
+    forbid = np.full((count, n), -1)
+    for h in range(p):  # positions i_{h+1} .. i_h - 1 must not hold the token searched at hop h
+        inside = (pos >= chain[:, h + 1, None]) & (pos <= chain[:, h, None] - 1)
+        forbid = np.where(inside, tokens[:, h, None], forbid)
+    other = (forbid + 1 + rng.integers(0, alphabet - 1, size=(count, n))) % alphabet
+    v = np.where(forbid >= 0, other, rng.integers(0, alphabet, size=(count, n)))
+    for h in range(p + 1):
+        v[rows, chain[:, h] - 1] = tokens[:, h]
+    for h in range(p):
+        v[rows, chain[:, h + 1] - 2] = tokens[:, h]
+    answers = tokens[:, p]
+    check = hop_answers(v, p)
+    if not np.array_equal(check, answers):
+        bad = int(np.flatnonzero(check != answers)[0])
+        raise RuntimeError(f"p-hop generator disagrees with the formal definition on {v[bad].tolist()}")
+    return v, answers
+
+
+class Phop(Task):
+    def __init__(self, params: PhopParams, seed: int):
+        self.p, self.seed = params, seed
+        self.facts = TaskFacts(vocab_size=params.alphabet, seq_len=params.seq_len, causal=True)
+
+    def _batch(self, rng: np.random.Generator, count: int) -> Batch:
+        v, answers = sample_phop(rng, count, self.p.alphabet, self.p.seq_len, self.p.hops)
+        inputs = torch.from_numpy(v)
+        targets = torch.zeros_like(inputs)
+        targets[:, -1] = torch.from_numpy(answers)
+        mask = torch.zeros_like(inputs, dtype=torch.bool)
+        mask[:, -1] = True  # loss on the answer only
+        return Batch(inputs, targets, mask)
+
+    def train_batch(self, step: int, batch_size: int) -> Batch:
+        return self._batch(np.random.default_rng([self.seed, step, 0x70]), batch_size)
+
+    def eval_sets(self, examples: int) -> dict[str, Batch]:
+        p = self.p
+        return {"": self._batch(np.random.default_rng([0xE7A1, p.alphabet, p.seq_len, p.hops]), examples)}
+
+
+@register_task("phop", PhopParams)
+def build(params: PhopParams, seed: int) -> Phop:
+    return Phop(params, seed)

@@ -1,0 +1,116 @@
+"""A tiny study through the real stack: Ray Tune, the MLflow SQLite store, the SQL ledger, Parquet."""
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import TINY_STUDY
+from mlflow import MlflowClient
+
+from studyrunner import results
+from studyrunner.orchestrate import ensure_ray, submit
+from studyrunner.spec import compile_study, loads
+from studyrunner.store import CurveStore, Ledger
+from studyrunner.workspace import Workspace
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    ensure_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def run(ray_session, tmp_path_factory):
+    ws = Workspace.resolve(tmp_path_factory.mktemp("workspace"))
+    compiled = compile_study(loads(TINY_STUDY))
+    first = submit(compiled, ws, show_progress=False)
+    return ws, compiled, first
+
+
+def test_every_trial_succeeds_and_is_in_the_ledger(run):
+    ws, compiled, first = run
+    assert sorted(first.succeeded) == sorted(t.trial_key for t in compiled.trials)
+    assert first.failed == [] and first.skipped == []
+    rows = Ledger(ws.db_url).trials("tiny")
+    assert len(rows) == 4
+    for row in rows:
+        assert row.status == "succeeded"
+        assert row.attempts == 1
+        assert row.started_at <= row.finished_at
+        assert row.mlflow_run_id
+        for name in ("eval_accuracy", "eval_exact_match", "eval_loss", "train_loss", "params",
+                     "effective_depth", "tokens_per_sec", "step_time_ms"):
+            assert name in row.metrics, name
+    depth = {r.metrics["effective_depth"] for r in rows}
+    assert depth == {1.0, 2.0}
+
+
+def test_mlflow_holds_one_child_run_per_trial_nested_under_its_cell(run):
+    ws, compiled, _ = run
+    client = MlflowClient(ws.tracking_uri)
+    exp = client.get_experiment_by_name("tiny")
+    assert exp.artifact_location == ws.artifact_location("tiny")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parents = {r.data.tags["cell_hash"]: r for r in runs if r.data.tags.get("kind") == "cell"}
+    children = [r for r in runs if r.data.tags.get("kind") == "trial"]
+    assert set(parents) == {c.cell_hash for c in compiled.cells}
+    assert sorted(r.data.tags["trial_key"] for r in children) == sorted(t.trial_key for t in compiled.trials)
+    for child in children:
+        tags = child.data.tags
+        assert tags["mlflow.parentRunId"] == parents[tags["cell_hash"]].info.run_id
+        assert tags["study"] == "tiny"
+        assert {"git_sha", "studyrunner_version", "seed"} <= set(tags)
+        assert child.info.status == "FINISHED"
+        assert child.data.params["model.params.loops"] in {"1", "2"}
+        assert child.info.run_name.endswith(f"seed={tags['seed']}")
+        history = client.get_metric_history(child.info.run_id, "eval_accuracy")
+        assert [m.step for m in history] == [6, 12]
+        artifacts = {a.path for a in client.list_artifacts(child.info.run_id)}
+        assert {"study.yaml", "resolved_config.json"} <= artifacts
+        local = client.download_artifacts(child.info.run_id, "resolved_config.json")
+        assert json.loads(Path(local).read_text())["trial_key"] == tags["trial_key"]
+
+
+def test_parquet_curves_per_trial(run):
+    ws, compiled, _ = run
+    store = CurveStore(ws.storage)
+    for t in compiled.trials:
+        curve = store.read("tiny", t.trial_key)
+        assert (curve.trial_key == t.trial_key).all()
+        assert list(curve.step) == sorted(curve.step)
+        assert list(curve.dropna(subset=["eval_accuracy"]).step) == [6, 12]
+        assert list(curve.dropna(subset=["train_loss"]).step) == [4, 8, 12]
+    assert len(results.curves("tiny", workspace=str(ws.root)).trial_key.unique()) == 4
+
+
+def test_results_frame_has_one_row_per_trial(run):
+    ws, compiled, _ = run
+    df = results.load("tiny", workspace=str(ws.root))
+    assert len(df) == 4
+    assert set(df.status) == {"succeeded"}
+    assert sorted(df["model.params.loops"].unique()) == [1, 2]
+    assert df["eval_accuracy"].between(0, 1).all()
+
+
+def test_resubmission_runs_nothing(run):
+    ws, compiled, first = run
+    before = len(MlflowClient(ws.tracking_uri).search_runs(
+        [MlflowClient(ws.tracking_uri).get_experiment_by_name("tiny").experiment_id]))
+    again = submit(compile_study(loads(TINY_STUDY)), ws, show_progress=False)
+    assert again.ran == 0
+    assert sorted(again.skipped) == sorted(first.succeeded)
+    client = MlflowClient(ws.tracking_uri)
+    assert len(client.search_runs([client.get_experiment_by_name("tiny").experiment_id])) == before
+
+
+def test_a_new_seed_runs_only_the_new_trials(run):
+    ws, compiled, first = run
+    grown = compile_study(loads(TINY_STUDY.replace("seeds: [0, 1]", "seeds: [0, 1, 2]")))
+    again = submit(grown, ws, show_progress=False)
+    assert len(again.skipped) == 4
+    assert len(again.succeeded) == 2
+    assert all(k.endswith("-s2") for k in again.succeeded)

@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -24,16 +24,26 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
+# Piped output (CI logs, `| less`) gets room for wide tables instead of rich's 80-column fallback.
+out = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 StudyFile = Annotated[Path, typer.Argument(help="Study file (YAML).", show_default=False)]
-DbOpt = Annotated[str | None, typer.Option("--db", help="SQLAlchemy URL of the results ledger "
-                                           "[env STUDYRUNNER_DB; default: SQLite in the workspace].")]
-WorkspaceOpt = Annotated[Path | None, typer.Option("--workspace", help="Workspace folder "
-                                                   "[env STUDYRUNNER_HOME; default ./.studyrunner].")]
-TrackingOpt = Annotated[str | None, typer.Option("--tracking-uri", help="MLflow tracking URI "
-                                                 "[env MLFLOW_TRACKING_URI; default: SQLite in the workspace].")]
+DbOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--db", help="SQLAlchemy URL of the results ledger [env STUDYRUNNER_DB; default: SQLite in the workspace]."
+    ),
+]
+WorkspaceOpt = Annotated[
+    Path | None, typer.Option("--workspace", help="Workspace folder [env STUDYRUNNER_HOME; default ./.studyrunner].")
+]
+TrackingOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tracking-uri", help="MLflow tracking URI [env MLFLOW_TRACKING_URI; default: SQLite in the workspace]."
+    ),
+]
 
 
 def user_errors(fn):
@@ -50,8 +60,9 @@ def user_errors(fn):
     return wrapper
 
 
-def _workspace(workspace: Path | None, db: str | None = None, tracking_uri: str | None = None,
-               storage: str | None = None):
+def _workspace(
+    workspace: Path | None, db: str | None = None, tracking_uri: str | None = None, storage: str | None = None
+):
     from .workspace import Workspace
 
     return Workspace.resolve(workspace, db=db, tracking_uri=tracking_uri, storage=storage)
@@ -61,14 +72,16 @@ def _workspace(workspace: Path | None, db: str | None = None, tracking_uri: str 
 @user_errors
 def submit(
     file: StudyFile,
-    address: Annotated[str | None, typer.Option(help="Ray cluster address [env RAY_ADDRESS; default: "
-                                                "start a local Ray].")] = None,
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster address [env RAY_ADDRESS; default: start a local Ray].")
+    ] = None,
     max_concurrent: Annotated[int | None, typer.Option(min=1, help="At most this many trials at once.")] = None,
     max_failures: Annotated[int, typer.Option(min=0, help="Retries per trial (Ray Tune FailureConfig).")] = 0,
     db: DbOpt = None,
     tracking_uri: TrackingOpt = None,
-    storage: Annotated[str | None, typer.Option(help="Folder or URI for curves and Ray results "
-                                                "[env STUDYRUNNER_STORAGE].")] = None,
+    storage: Annotated[
+        str | None, typer.Option(help="Folder or URI for curves and Ray results [env STUDYRUNNER_STORAGE].")
+    ] = None,
     workspace: WorkspaceOpt = None,
     progress: Annotated[bool, typer.Option(help="Live progress display.")] = True,
 ):
@@ -78,8 +91,15 @@ def submit(
 
     compiled = load_and_compile(file)
     ws = _workspace(workspace, db, tracking_uri, storage)
-    result = run(compiled, ws, address=address, max_concurrent=max_concurrent, max_failures=max_failures,
-                 console=err, show_progress=progress)
+    result = run(
+        compiled,
+        ws,
+        address=address,
+        max_concurrent=max_concurrent,
+        max_failures=max_failures,
+        console=err,
+        show_progress=progress,
+    )
     if result.ran or result.interrupted:
         err.print(
             f"{result.study}: ran {result.ran} trials in {result.wall_time_s:.0f} s: "
@@ -116,16 +136,24 @@ def plan(file: StudyFile):
 
     compiled = load_and_compile(file)
     study = compiled.study
-    table = Table(title=f"{study.name}: {len(compiled.cells)} cells x {len(study.seeds)} seeds "
-                        f"= {len(compiled.trials)} trials")
+    table = Table(
+        title=f"{study.name}: {len(compiled.cells)} cells x {len(study.seeds)} seeds = {len(compiled.trials)} trials"
+    )
     for col in ["#", "cell", "cell_hash", "family", "params", "effective_depth", "steps"]:
         table.add_column(col, justify="right" if col in ("#", "params", "effective_depth", "steps") else "left")
     for i, cell in enumerate(compiled.cells, 1):
         task = build_task(cell.config["task"]["name"], cell.config["task"]["params"], seed=0)
         with torch.device("meta"):  # count parameters without allocating them
             model = build_model(cell.config["model"]["family"], cell.config["model"]["params"], task.facts)
-        table.add_row(str(i), cell.label, cell.cell_hash, cell.config["model"]["family"],
-                      f"{count_params(model):,}", str(model.effective_depth), str(cell.config["train"]["steps"]))
+        table.add_row(
+            str(i),
+            cell.label,
+            cell.cell_hash,
+            cell.config["model"]["family"],
+            f"{count_params(model):,}",
+            str(model.effective_depth),
+            str(cell.config["train"]["steps"]),
+        )
     out.print(table)
 
 
@@ -155,7 +183,7 @@ def status(
     out.print(table)
 
 
-class Format(str, Enum):
+class Format(StrEnum):
     table = "table"
     csv = "csv"
     parquet = "parquet"
@@ -167,8 +195,9 @@ class Format(str, Enum):
 def results(
     study: Annotated[str, typer.Argument(help="Study name.", show_default=False)],
     format: Annotated[Format, typer.Option("--format", "-f", help="Output format.")] = Format.table,
-    out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Write to this file instead of "
-                                                   "stdout (required for parquet).")] = None,
+    out_path: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Write to this file instead of stdout (required for parquet).")
+    ] = None,
     db: DbOpt = None,
     workspace: WorkspaceOpt = None,
 ):
@@ -201,8 +230,11 @@ def _print_results_table(df) -> None:
     import pandas as pd
 
     varied = [c for c in df.columns if "." in c and df[c].astype(str).nunique() > 1]
-    metrics = [m for m in ("eval_accuracy", "eval_exact_match", "eval_loss", "train_loss", "params",
-                           "step_time_ms") if m in df.columns]
+    metrics = [
+        m
+        for m in ("eval_accuracy", "eval_exact_match", "eval_loss", "train_loss", "params", "step_time_ms")
+        if m in df.columns
+    ]
     table = Table()
     for col in ["cell", "seed", "status", *varied, *metrics]:
         table.add_column(col.rsplit(".", 1)[-1] if col in varied else col)
@@ -210,12 +242,17 @@ def _print_results_table(df) -> None:
         vals = []
         for col in ["cell", "seed", "status", *varied, *metrics]:
             v = row[col]
-            vals.append("" if v is None or (not isinstance(v, list | tuple) and pd.isna(v))
-                        else f"{v:.4g}" if isinstance(v, float) else str(v))
+            vals.append(
+                ""
+                if v is None or (not isinstance(v, list | tuple) and pd.isna(v))
+                else f"{v:.4g}"
+                if isinstance(v, float)
+                else str(v)
+            )
         table.add_row(*vals)
     out.print(table)
     for _, row in df[df.status == "failed"].iterrows():
-        out.print(f"[red]{row.trial_key}[/]: {str(row.error).splitlines()[-1] if row.error else '?'}")
+        out.print(f"[red]{row.trial_key}[/]: {str(row.error).splitlines()[0] if row.error else '?'}")
 
 
 @app.command()
@@ -231,8 +268,20 @@ def ui(
     if "://" in ws.tracking_uri and ws.tracking_uri.split("://")[0] in ("http", "https"):
         raise StudyrunnerError(f"the tracking store is already a server ({ws.tracking_uri}); open it directly")
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", ws.tracking_uri,
-           "--host", host, "--port", str(port), "--workers", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        ws.tracking_uri,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     err.print(f"MLflow UI for {ws.tracking_uri}\n  -> http://{host}:{port}   (Ctrl-C stops it)")
     try:
         raise typer.Exit(subprocess.call(cmd, env=env))

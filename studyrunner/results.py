@@ -1,8 +1,8 @@
 """Read a study's outcomes as pandas frames: one row per trial, and per-step curves.
 
-    >>> from studyrunner import results
-    >>> df = results.load("quickstart")
-    >>> df.groupby("cell")["eval_accuracy"].agg(["mean", "std", "count"])
+>>> from studyrunner import results
+>>> df = results.load("quickstart")
+>>> df.groupby("cell")["eval_accuracy"].agg(["mean", "std", "count"])
 """
 
 from __future__ import annotations
@@ -13,8 +13,20 @@ from .spec import flatten_config
 from .store import CurveStore, Ledger
 from .workspace import Workspace
 
-ID_COLUMNS = ["study", "trial_key", "cell_hash", "cell", "seed", "status", "attempts", "started_at",
-              "finished_at", "duration_s", "mlflow_run_id", "error"]
+ID_COLUMNS = [
+    "study",
+    "trial_key",
+    "cell_hash",
+    "cell",
+    "seed",
+    "status",
+    "attempts",
+    "started_at",
+    "finished_at",
+    "duration_s",
+    "mlflow_run_id",
+    "error",
+]
 
 
 def trials_frame(ledger: Ledger, study: str) -> pd.DataFrame:
@@ -29,12 +41,24 @@ def trials_frame(ledger: Ledger, study: str) -> pd.DataFrame:
         metrics = t.metrics or {}
         config_cols.update(dict.fromkeys(config))
         metric_cols.update(dict.fromkeys(metrics))
-        rows.append({
-            "study": study, "trial_key": t.trial_key, "cell_hash": t.cell_hash, "cell": cell.label,
-            "seed": t.seed, "status": t.status, "attempts": t.attempts, "started_at": t.started_at,
-            "finished_at": t.finished_at, "duration_s": duration, "mlflow_run_id": t.mlflow_run_id,
-            "error": t.error, **config, **metrics,
-        })
+        rows.append(
+            {
+                "study": study,
+                "trial_key": t.trial_key,
+                "cell_hash": t.cell_hash,
+                "cell": cell.label,
+                "seed": t.seed,
+                "status": t.status,
+                "attempts": t.attempts,
+                "started_at": t.started_at,
+                "finished_at": t.finished_at,
+                "duration_s": duration,
+                "mlflow_run_id": t.mlflow_run_id,
+                "error": t.error,
+                **config,
+                **metrics,
+            }
+        )
     return pd.DataFrame(rows, columns=ID_COLUMNS + list(config_cols) + sorted(metric_cols))
 
 

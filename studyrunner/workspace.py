@@ -35,9 +35,7 @@ class Workspace:
         return cls(
             root=home,
             db_url=db or os.environ.get("STUDYRUNNER_DB") or f"sqlite:///{home / 'ledger.db'}",
-            tracking_uri=tracking_uri
-            or os.environ.get("MLFLOW_TRACKING_URI")
-            or f"sqlite:///{home / 'mlflow.db'}",
+            tracking_uri=tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home / 'mlflow.db'}",
             storage=storage or os.environ.get("STUDYRUNNER_STORAGE") or str(home),
         )
 

@@ -42,8 +42,16 @@ def test_every_trial_succeeds_and_is_in_the_ledger(run):
         assert row.attempts == 1
         assert row.started_at <= row.finished_at
         assert row.mlflow_run_id
-        for name in ("eval_accuracy", "eval_exact_match", "eval_loss", "train_loss", "params",
-                     "effective_depth", "tokens_per_sec", "step_time_ms"):
+        for name in (
+            "eval_accuracy",
+            "eval_exact_match",
+            "eval_loss",
+            "train_loss",
+            "params",
+            "effective_depth",
+            "tokens_per_sec",
+            "step_time_ms",
+        ):
             assert name in row.metrics, name
     depth = {r.metrics["effective_depth"] for r in rows}
     assert depth == {1.0, 2.0}
@@ -98,8 +106,11 @@ def test_results_frame_has_one_row_per_trial(run):
 
 def test_resubmission_runs_nothing(run):
     ws, compiled, first = run
-    before = len(MlflowClient(ws.tracking_uri).search_runs(
-        [MlflowClient(ws.tracking_uri).get_experiment_by_name("tiny").experiment_id]))
+    before = len(
+        MlflowClient(ws.tracking_uri).search_runs(
+            [MlflowClient(ws.tracking_uri).get_experiment_by_name("tiny").experiment_id]
+        )
+    )
     again = submit(compile_study(loads(TINY_STUDY)), ws, show_progress=False)
     assert again.ran == 0
     assert sorted(again.skipped) == sorted(first.succeeded)
@@ -114,3 +125,27 @@ def test_a_new_seed_runs_only_the_new_trials(run):
     assert len(again.skipped) == 4
     assert len(again.succeeded) == 2
     assert all(k.endswith("-s2") for k in again.succeeded)
+
+
+def test_failed_trials_are_recorded_and_rerun_by_the_next_submit(ray_session, tmp_path, monkeypatch):
+    ws = Workspace.resolve(tmp_path)
+    compiled = compile_study(loads(TINY_STUDY.replace("name: tiny", "name: faulty")))
+    # Fault injection (the one test double): every seed-1 trial raises inside its Ray worker.
+    monkeypatch.setenv("STUDYRUNNER_INJECT_FAULT", "faulty-*-s1")
+    first = submit(compiled, ws, show_progress=False)
+    assert len(first.succeeded) == 2 and len(first.failed) == 2
+    ledger = Ledger(ws.db_url)
+    failed = [r for r in ledger.trials("faulty") if r.status == "failed"]
+    assert sorted(r.trial_key for r in failed) == sorted(first.failed)
+    assert all("injected fault" in r.error and r.seed == 1 for r in failed)
+    client = MlflowClient(ws.tracking_uri)
+    for r in failed:
+        assert client.get_run(r.mlflow_run_id).info.status == "FAILED"
+
+    monkeypatch.delenv("STUDYRUNNER_INJECT_FAULT")
+    second = submit(compiled, ws, show_progress=False)
+    assert sorted(second.succeeded) == sorted(first.failed)
+    assert sorted(second.skipped) == sorted(first.succeeded)
+    rows = {r.trial_key: r for r in ledger.trials("faulty")}
+    assert all(r.status == "succeeded" and r.error is None for r in rows.values())
+    assert all(rows[k].attempts == 2 for k in first.failed)

@@ -91,8 +91,10 @@ def test_zip_and_exclude():
         "exclude:\n  - {train.lr: 2.0e-3, model.params.block_layers: 4}\n",
     )
     compiled = compile_study(loads(text))
-    shapes = [(c.config["train"]["lr"], c.config["model"]["params"]["block_layers"],
-               c.config["model"]["params"]["loops"]) for c in compiled.cells]
+    shapes = [
+        (c.config["train"]["lr"], c.config["model"]["params"]["block_layers"], c.config["model"]["params"]["loops"])
+        for c in compiled.cells
+    ]
     assert shapes == [(1e-3, 1, 1), (1e-3, 1, 4), (1e-3, 4, 1), (2e-3, 1, 1), (2e-3, 1, 4)]
     assert len({c.cell_hash for c in compiled.cells}) == 5
 
@@ -110,10 +112,18 @@ BAD = [
     ("wrong type", "steps: 12", "steps: many", ["train.steps", "integer"]),
     ("out of range", "lr: 1.0e-3", "lr: -1.0", ["train.lr", "greater than 0"]),
     ("family param it lacks", "loops: 1}}", "loops: 1, loopz: 3}}", ["model.params.loopz", "unknown key", "loops"]),
-    ("grid value out of range", "model.params.loops: [1, 2]", "model.params.loops: [1, 0]",
-     ["grid['model.params.loops'][1]", "greater than or equal to 1"]),
-    ("grid path the family lacks", "model.params.loops: [1, 2]", "model.params.layers: [1, 2]",
-     ["grid['model.params.layers']", "unknown key"]),
+    (
+        "grid value out of range",
+        "model.params.loops: [1, 2]",
+        "model.params.loops: [1, 0]",
+        ["grid['model.params.loops'][1]", "greater than or equal to 1"],
+    ),
+    (
+        "grid path the family lacks",
+        "model.params.loops: [1, 2]",
+        "model.params.layers: [1, 2]",
+        ["grid['model.params.layers']", "unknown key"],
+    ),
     ("empty grid axis", "model.params.loops: [1, 2]", "model.params.loops: []", ["grid", "no values"]),
     ("grid path outside the config", "model.params.loops: [1, 2]", "seeds.x: [1]", ["not a dotted path"]),
     ("unknown family", "family: looped", "family: loopd", ["model.family", "unknown model family", "looped"]),
@@ -122,8 +132,12 @@ BAD = [
     ("bad study name", "name: tiny", "name: Tiny Study", ["name", "pattern"]),
     ("metric mode", "mode: max", "mode: maximum", ["metric.mode", "'max' or 'min'"]),
     ("warmup too long", "warmup_steps: 2", "warmup_steps: 12", ["train", "warmup_steps (12)"]),
-    ("zip lengths", "grid:\n  model.params.loops: [1, 2]", "zip:\n  - {model.params.loops: [1, 2], train.lr: [0.1]}",
-     ["zip", "equal length"]),
+    (
+        "zip lengths",
+        "grid:\n  model.params.loops: [1, 2]",
+        "zip:\n  - {model.params.loops: [1, 2], train.lr: [0.1]}",
+        ["zip", "equal length"],
+    ),
     ("task param out of range", "hops: 1}", "hops: 0}", ["task.params.hops", "greater than or equal to 1"]),
 ]
 
@@ -151,8 +165,11 @@ def test_error_points_at_the_yaml_line(write_study):
 
 
 def test_study_files_cannot_execute_code(write_study):
-    path = write_study(TINY_STUDY.replace("description: toy looped vs unlooped",
-                                          "description: !!python/object/apply:os.system ['echo hi']"))
+    path = write_study(
+        TINY_STUDY.replace(
+            "description: toy looped vs unlooped", "description: !!python/object/apply:os.system ['echo hi']"
+        )
+    )
     with pytest.raises(SpecError, match="YAML"):
         load(path)
 

@@ -80,8 +80,11 @@ def _split(tokens, sep):
 @pytest.mark.parametrize("reverse", [True, False])
 @pytest.mark.parametrize("digits", [1, 3])
 def test_addition_targets_are_the_sum_of_the_operands(reverse, digits):
-    task = build_task("addition", {"digits": digits, "train_operands": [2, 5], "eval_operands": [3, 8],
-                                   "reverse_answer": reverse}, seed=3)
+    task = build_task(
+        "addition",
+        {"digits": digits, "train_operands": [2, 5], "eval_operands": [3, 8], "reverse_answer": reverse},
+        seed=3,
+    )
     batches = list(task.eval_sets(50).values()) + [task.train_batch(s, 50) for s in range(4)]
     for batch in batches:
         assert batch.inputs.shape[1] <= task.facts.seq_len
@@ -102,10 +105,18 @@ def test_addition_eval_splits_include_unseen_counts():
     assert task.answer_digits == 4  # 4 * 999 = 3996
 
 
-@pytest.mark.parametrize("name,bad", [("phop", {"hops": 0}), ("phop", {"alphabet": 1}), ("phop", {"hop": 2}),
-                                      ("phop", {"seq_len": 6, "hops": 4}), ("addition", {"digits": 0}),
-                                      ("addition", {"train_operands": []}),
-                                      ("addition", {"eval_operands": [1]})])
+@pytest.mark.parametrize(
+    "name,bad",
+    [
+        ("phop", {"hops": 0}),
+        ("phop", {"alphabet": 1}),
+        ("phop", {"hop": 2}),
+        ("phop", {"seq_len": 6, "hops": 4}),
+        ("addition", {"digits": 0}),
+        ("addition", {"train_operands": []}),
+        ("addition", {"eval_operands": [1]}),
+    ],
+)
 def test_bad_task_params_are_rejected(name, bad):
     with pytest.raises(ValidationError):
         get_task(name).params_model.model_validate(bad)

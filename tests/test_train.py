@@ -4,15 +4,22 @@ import math
 
 import pytest
 import torch
+from conftest import TINY_STUDY
 
 from studyrunner.spec import compile_study, loads
 from studyrunner.train import MemoryReporter, run_trial
 from studyrunner.train.optim import lr_at
 
-from conftest import TINY_STUDY
-
-METRICS = ["train_loss", "eval_loss", "eval_accuracy", "eval_exact_match", "params", "effective_depth",
-           "tokens_per_sec", "step_time_ms"]
+METRICS = [
+    "train_loss",
+    "eval_loss",
+    "eval_accuracy",
+    "eval_exact_match",
+    "params",
+    "effective_depth",
+    "tokens_per_sec",
+    "step_time_ms",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -50,8 +57,10 @@ def test_same_seed_same_final_metrics_other_seed_differs():
 
 def test_per_split_metrics_for_addition():
     config = tiny_config(steps=4, log_every=2)
-    config["task"] = {"name": "addition", "params": {"digits": 1, "train_operands": [2], "eval_operands": [2, 3],
-                                                     "reverse_answer": True}}
+    config["task"] = {
+        "name": "addition",
+        "params": {"digits": 1, "train_operands": [2], "eval_operands": [2, 3], "reverse_answer": True},
+    }
     config["model"]["params"]["pos"] = "rope"
     final = run_trial(config, seed=0)
     for split in ("n2", "n3"):

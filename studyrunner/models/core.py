@@ -26,19 +26,28 @@ class CoreParams(BaseModel):
     pos: Literal["learned", "rope"] = Field(
         "learned", description="Learned absolute positions, or rotary embeddings in every attention layer."
     )
-    rope_base: float = Field(10000.0, gt=1, description="RoPE base (the addition runs in the notes used 100).")
+    rope_base: float = Field(10000.0, gt=1, description="RoPE base; the CPU-scale notes used 100 for addition.")
     norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="Pre-norm type.")
-    bias: bool = Field(False, description="Biases in linear layers and LayerNorm.")
+    bias: bool = Field(
+        False,
+        description="Biases in linears and LayerNorm. Off by default as in nanoGPT: no loss in quality, "
+        "fewer parameters, slightly faster.",
+    )
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on attention and residual branches.")
     init_std: float = Field(
-        0.02, gt=0, le=1,
+        0.02,
+        gt=0,
+        le=1,
         description="Std of the normal init of linears and of token/position embeddings (GPT-2 style).",
     )
 
     @model_validator(mode="after")
-    def _heads_divide_width(self) -> CoreParams:
+    def _heads_fit_width(self) -> CoreParams:
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        head_dim = self.d_model // self.n_heads
+        if self.pos == "rope" and head_dim % 2:
+            raise ValueError(f"RoPE needs an even head size; d_model/n_heads = {head_dim}")
         return self
 
 
@@ -48,8 +57,18 @@ def make_norm(p: CoreParams) -> nn.Module:
     return nn.LayerNorm(p.d_model, bias=p.bias)
 
 
+class ResidualProj(nn.Linear):
+    """A linear that writes into the residual stream; `init_weights` shrinks it with depth.
+
+    A class rather than a naming convention, so a new family's branches (memory reads, ...) opt in
+    explicitly and wrapping a block cannot silently lose the scaling."""
+
+
 class Rotary(nn.Module):
-    """Rotary position embedding (per head, rotate-half form), cached up to `max_len`."""
+    """Rotary position embedding (per head, rotate-half form) with cos/sin cached up to `max_len`.
+
+    One instance is shared by every attention layer; its caches are non-persistent buffers, so they
+    follow `.to()` but stay out of state dicts and parameter counts."""
 
     def __init__(self, head_dim: int, max_len: int, base: float):
         super().__init__()
@@ -58,28 +77,39 @@ class Rotary(nn.Module):
         self.register_buffer("cos", torch.cat([angles.cos()] * 2, dim=-1), persistent=False)
         self.register_buffer("sin", torch.cat([angles.sin()] * 2, dim=-1), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, H, T, D)
-        t = x.shape[-2]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (B, T, ..., D), time on dim 1 as the qkv projection lays it out: q and k rotate in one pass."""
+        shape = (x.shape[1],) + (1,) * (x.dim() - 3) + (x.shape[-1],)
+        cos, sin = self.cos[: x.shape[1]].view(shape), self.sin[: x.shape[1]].view(shape)
         x1, x2 = x.chunk(2, dim=-1)
-        rotated = torch.cat([-x2, x1], dim=-1)
-        return x * self.cos[:t] + rotated * self.sin[:t]
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 class Attention(nn.Module):
+    """Multi-head self-attention, causal or bidirectional, through `scaled_dot_product_attention`."""
+
     def __init__(self, p: CoreParams, causal: bool, rotary: Rotary | None):
         super().__init__()
         self.n_heads, self.causal, self.dropout = p.n_heads, causal, p.dropout
-        self.qkv = nn.Linear(p.d_model, 3 * p.d_model, bias=p.bias)
-        self.proj = nn.Linear(p.d_model, p.d_model, bias=p.bias)
-        self.rotary = rotary  # shared module: its buffers are not parameters
+        self.qkv = nn.Linear(p.d_model, 3 * p.d_model, bias=p.bias)  # one matmul instead of three
+        self.proj = ResidualProj(p.d_model, p.d_model, bias=p.bias)
+        self.rotary = rotary
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads)
         if self.rotary is not None:
-            q, k = self.rotary(q), self.rotary(k)
+            qk, v = self.rotary(qkv[:, :, :2]), qkv[:, :, 2]
+            q, k = qk.unbind(2)
+        else:
+            q, k, v = qkv.unbind(2)
+        # Strided (B, H, T, D) views, no copies: the CPU flash kernel takes them as they are.
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=self.causal, dropout_p=self.dropout if self.training else 0.0
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            is_causal=self.causal,
+            dropout_p=self.dropout if self.training else 0.0,
         )
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
@@ -88,7 +118,7 @@ class MLP(nn.Module):
     def __init__(self, p: CoreParams):
         super().__init__()
         self.fc = nn.Linear(p.d_model, p.mlp_ratio * p.d_model, bias=p.bias)
-        self.proj = nn.Linear(p.mlp_ratio * p.d_model, p.d_model, bias=p.bias)
+        self.proj = ResidualProj(p.mlp_ratio * p.d_model, p.d_model, bias=p.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(F.gelu(self.fc(x)))
@@ -119,16 +149,17 @@ class Embedding(nn.Module):
         self.drop = nn.Dropout(p.dropout)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        if tokens.shape[1] > self.max_len:
-            raise ValueError(f"sequence of {tokens.shape[1]} tokens exceeds the model's max length {self.max_len}")
+        t = tokens.shape[1]
+        if t > self.max_len:
+            raise ValueError(f"sequence of {t} tokens exceeds the model's max length {self.max_len}")
         h = self.tokens(tokens)
         if self.positions is not None:
-            h = h + self.positions.weight[: tokens.shape[1]]
+            h = h + self.positions.weight[:t]
         return self.drop(h)
 
 
 class Head(nn.Module):
-    """Final norm and an (untied) projection to the vocabulary."""
+    """Final norm and a projection to the vocabulary, untied from the token embedding."""
 
     def __init__(self, p: CoreParams, vocab_size: int):
         super().__init__()
@@ -144,15 +175,17 @@ def rotary_for(p: CoreParams, max_len: int) -> Rotary | None:
 
 
 def init_weights(model: nn.Module, std: float, depth: int) -> None:
-    """GPT-2 init: normal(std) linears and embeddings, zero biases, and residual output projections
-    scaled by 1/sqrt(2*depth) (depth = block applications) so the residual stream's variance does not
-    grow with depth. Embeddings at std (not nn.Embedding's 1) keep positions from being swamped, which
-    decided whether p-hop learned at all in the CPU-scale notes."""
-    for name, module in model.named_modules():
+    """GPT-2 init over the whole model; `depth` is the number of block applications (k*L when looped).
+
+    Linears and embeddings ~ normal(0, std), biases zero, `ResidualProj` weights additionally scaled by
+    1/sqrt(2*depth) so the residual stream's variance does not grow with depth. Embeddings at `std`
+    rather than nn.Embedding's 1 keep learned positions from being swamped, which decided whether
+    tasks learned at all in the CPU-scale notes."""
+    residual_std = std / math.sqrt(2 * depth)
+    for module in model.modules():
         if isinstance(module, nn.Linear):
-            scale = 1 / math.sqrt(2 * depth) if name.endswith(("attn.proj", "mlp.proj")) else 1.0
-            nn.init.normal_(module.weight, mean=0.0, std=std * scale)
+            nn.init.normal_(module.weight, 0.0, residual_std if isinstance(module, ResidualProj) else std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
+            nn.init.normal_(module.weight, 0.0, std)

@@ -26,7 +26,7 @@ class LoopedTransformer(nn.Module):
     def __init__(self, p: LoopedParams, facts: TaskFactsLike):
         super().__init__()
         self.loops = p.loops
-        self.effective_depth = p.block_layers * p.loops
+        self.effective_depth: int = p.block_layers * p.loops
         rotary = rotary_for(p, facts.seq_len)
         self.embed = Embedding(p, facts.vocab_size, facts.seq_len)
         self.blocks = nn.ModuleList(Block(p, facts.causal, rotary) for _ in range(p.block_layers))
@@ -42,7 +42,7 @@ class LoopedTransformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> ModelOutput:
         logits = self.head(self.iterate(self.embed(tokens)))
-        return ModelOutput(logits=logits, aux_loss=logits.new_zeros(()))
+        return ModelOutput(logits=logits, aux_loss=logits.new_zeros(()), diagnostics={})
 
 
 @register_family("looped", LoopedParams)

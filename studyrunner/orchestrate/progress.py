@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from ray.tune import Callback
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from .driver_callback import DriverCallback
 
 
-class ProgressDisplay(Callback):
+class ProgressDisplay(DriverCallback):
     """Counts trials by state and shows overall progress in optimizer steps (a fair ETA basis)."""
 
     def __init__(self, steps_by_key: dict[str, int], console: Console | None = None):
@@ -31,8 +39,10 @@ class ProgressDisplay(Callback):
 
     def _counts(self) -> str:
         total = len(self.steps_by_key)
-        return (f"[green]{self.succeeded} done[/] [cyan]{len(self.running)} running[/] "
-                f"[red]{self.failed} failed[/] of {total} trials")
+        return (
+            f"[green]{self.succeeded} done[/] [cyan]{len(self.running)} running[/] "
+            f"[red]{self.failed} failed[/] of {total} trials"
+        )
 
     def _refresh(self) -> None:
         self.progress.update(self.task, completed=sum(self.done_steps.values()), counts=self._counts())

@@ -2,30 +2,46 @@
 
 from __future__ import annotations
 
+import pickle
 import traceback
 
-from ray.tune import Callback
+from ray import cloudpickle
 
 from ..spec import CompiledStudy, Trial
 from ..store import CurveStore, Ledger
+from .driver_callback import DriverCallback
 from .tracking import Tracker
 
 
 def _error_text(trial) -> str:
+    """First line `ExceptionType: message` (what `results` shows), then the worker's traceback."""
+    # At on_trial_error Tune has written the error files to the trial's local folder only.
+    summary, details = "", ""
     try:
-        err = trial.get_pickled_error()
-    except Exception:  # noqa: BLE001 - an unreadable error file must not hide the failure itself
-        err = None
-    if err is not None:
-        cause = getattr(err, "cause", None) or err
-        lines = traceback.format_exception_only(type(cause), cause)
-        return "".join(lines).strip()[-4000:]
-    return f"trial failed; see {trial.error_file or 'the Ray logs'}"
+        with open(trial.pickled_error_file, "rb") as f:
+            err = cloudpickle.load(f)
+        cause = getattr(err, "cause", None) or err  # a RayTaskError wraps the worker's exception
+        summary = "".join(traceback.format_exception_only(type(cause), cause)).strip()
+    except (OSError, TypeError, AttributeError, pickle.UnpicklingError):
+        pass
+    try:
+        with open(trial.error_file) as f:
+            details = f.read()[-8000:]
+    except (OSError, TypeError):
+        pass
+    return "\n".join(part for part in (summary, details) if part) or "trial failed; see the Ray logs"
 
 
-class Recorder(Callback):
-    def __init__(self, compiled: CompiledStudy, ledger: Ledger, tracker: Tracker, curves: CurveStore,
-                 experiment_id: str, parent_runs: dict[str, str]):
+class Recorder(DriverCallback):
+    def __init__(
+        self,
+        compiled: CompiledStudy,
+        ledger: Ledger,
+        tracker: Tracker,
+        curves: CurveStore,
+        experiment_id: str,
+        parent_runs: dict[str, str],
+    ):
         self.study = compiled.study
         self.trials: dict[str, Trial] = {t.trial_key: t for t in compiled.trials}
         self.ledger, self.tracker, self.curves = ledger, tracker, curves

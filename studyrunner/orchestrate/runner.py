@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import tempfile
@@ -38,8 +39,6 @@ class SubmitResult:
 def _quiet_ray_env() -> None:
     # Ray 2.60 writes an auth token under $HOME unless told this is local, unauthenticated use.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    # Tune's own CSV/JSON/TensorBoard loggers duplicate what the ledger, MLflow and Parquet hold.
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_MAX_PENDING_TRIALS_PG", "auto")
 
@@ -52,8 +51,12 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")
-    kwargs: dict = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING,
-                    "configure_logging": True}
+    kwargs: dict = {
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "logging_level": logging.WARNING,
+        "configure_logging": True,
+    }
     if address:
         ray.init(address=address, **kwargs)
     else:
@@ -103,9 +106,19 @@ def submit(
     started_ray = ensure_ray(address)
     try:
         started = time.perf_counter()
-        _fit(compiled, to_run, workspace, ledger, tracker, experiment_id, parent_runs,
-             max_concurrent=max_concurrent, max_failures=max_failures, console=console,
-             show_progress=show_progress)
+        _fit(
+            compiled,
+            to_run,
+            workspace,
+            ledger,
+            tracker,
+            experiment_id,
+            parent_runs,
+            max_concurrent=max_concurrent,
+            max_failures=max_failures,
+            console=console,
+            show_progress=show_progress,
+        )
         result.wall_time_s = time.perf_counter() - started
     finally:
         if started_ray:
@@ -115,14 +128,27 @@ def submit(
 
     for row in ledger.trials(study.name, [t.trial_key for t in to_run]):
         {"succeeded": result.succeeded, "failed": result.failed}.get(row.status, result.interrupted).append(
-            row.trial_key)
+            row.trial_key
+        )
     if result.interrupted:  # the driver stopped first (Ctrl-C): they are not failures, so run them next time
         ledger.reset_to_pending(result.interrupted)
     return result
 
 
-def _fit(compiled, to_run, workspace, ledger, tracker, experiment_id, parent_runs, *,
-         max_concurrent, max_failures, console, show_progress) -> None:
+def _fit(
+    compiled,
+    to_run,
+    workspace,
+    ledger,
+    tracker,
+    experiment_id,
+    parent_runs,
+    *,
+    max_concurrent,
+    max_failures,
+    console,
+    show_progress,
+) -> None:
     from ray import tune
 
     from .trainable import trainable
@@ -131,8 +157,17 @@ def _fit(compiled, to_run, workspace, ledger, tracker, experiment_id, parent_run
     recorder = Recorder(compiled, ledger, tracker, CurveStore(workspace.storage), experiment_id, parent_runs)
     progress = ProgressDisplay({t.trial_key: t.config["train"]["steps"] for t in to_run}, console=console)
     callbacks = [recorder, progress] if show_progress else [recorder]
-    payloads = [{"trial_key": t.trial_key, "seed": t.seed, "cell": t.config, "threads": study.resources.cpu}
-                for t in to_run]
+    faults = [p for p in os.environ.get("STUDYRUNNER_INJECT_FAULT", "").split(",") if p]
+    payloads = [
+        {
+            "trial_key": t.trial_key,
+            "seed": t.seed,
+            "cell": t.config,
+            "threads": study.resources.cpu,
+            "inject_fault": any(fnmatch.fnmatchcase(t.trial_key, p) for p in faults),
+        }
+        for t in to_run
+    ]
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": study.resources.cpu, "gpu": study.resources.gpu}),
         param_space={"trial": tune.grid_search(payloads)},

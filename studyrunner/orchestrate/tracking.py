@@ -54,7 +54,8 @@ class Tracker:
         exp = self.client.get_experiment_by_name(study)
         if exp is None:
             return self.client.create_experiment(
-                study, artifact_location=artifact_location,
+                study,
+                artifact_location=artifact_location,
                 tags={"study": study, "mlflow.note.content": description},
             )
         if exp.lifecycle_stage == "deleted":
@@ -62,8 +63,11 @@ class Tracker:
         return exp.experiment_id
 
     def _tags(self, study: str, source: str) -> dict[str, str]:
-        return {"study": study, "git_sha": git_sha(str(Path(source).parent) if Path(source).exists() else "."),
-                "studyrunner_version": __version__}
+        return {
+            "study": study,
+            "git_sha": git_sha(str(Path(source).parent) if Path(source).exists() else "."),
+            "studyrunner_version": __version__,
+        }
 
     def cell_run(self, experiment_id: str, study, cell: Cell, known_run_id: str | None) -> str:
         """The cell's parent run: the one the ledger knows, else a new one."""
@@ -75,7 +79,8 @@ class Tracker:
             except Exception:  # noqa: BLE001 - the run was deleted from the store by hand
                 pass
         run = self.client.create_run(
-            experiment_id, run_name=cell.label,
+            experiment_id,
+            run_name=cell.label,
             tags={**self._tags(study.name, study.source), "cell_hash": cell.cell_hash, "kind": "cell"},
         )
         self._log_params(run.info.run_id, _params(cell.config))
@@ -85,15 +90,19 @@ class Tracker:
     def trial_run(self, experiment_id: str, parent_run_id: str, study, trial: Trial) -> str:
         tags = {
             **self._tags(study.name, study.source),
-            "cell_hash": trial.cell_hash, "trial_key": trial.trial_key, "seed": str(trial.seed),
-            "kind": "trial", "mlflow.parentRunId": parent_run_id,
+            "cell_hash": trial.cell_hash,
+            "trial_key": trial.trial_key,
+            "seed": str(trial.seed),
+            "kind": "trial",
+            "mlflow.parentRunId": parent_run_id,
         }
         run = self.client.create_run(experiment_id, run_name=f"{trial.label} seed={trial.seed}", tags=tags)
         run_id = run.info.run_id
         self._log_params(run_id, _params(trial.config, trial.seed))
         self.client.log_text(run_id, study.text, "study.yaml")
-        self.client.log_dict(run_id, {"trial_key": trial.trial_key, "seed": trial.seed, **trial.config},
-                             "resolved_config.json")
+        self.client.log_dict(
+            run_id, {"trial_key": trial.trial_key, "seed": trial.seed, **trial.config}, "resolved_config.json"
+        )
         return run_id
 
     def _log_params(self, run_id: str, params: dict[str, str]) -> None:

@@ -17,8 +17,14 @@ class TuneReporter:
         tune.report({"step": step, "metrics": metrics, "final": False})
 
 
+class InjectedFault(RuntimeError):
+    """Raised on purpose (STUDYRUNNER_INJECT_FAULT) to exercise failure handling end to end."""
+
+
 def trainable(config: dict[str, Any]) -> None:
-    trial = config["trial"]  # {trial_key, seed, cell (resolved config), threads}
+    trial = config["trial"]  # {trial_key, seed, cell (resolved config), threads, inject_fault}
+    if trial.get("inject_fault"):
+        raise InjectedFault(f"injected fault in {trial['trial_key']} (STUDYRUNNER_INJECT_FAULT)")
     # Thread count is part of what makes a CPU run reproducible, so it comes from the study file.
     torch.set_num_threads(max(1, int(trial["threads"])))
     final = run_trial(trial["cell"], trial["seed"], TuneReporter())

@@ -3,7 +3,11 @@
 from .compiler import (
     Cell,
     CompiledStudy,
-    Trial, canonical_json, compile_study, config_hash, flatten_config,
+    Trial,
+    canonical_json,
+    compile_study,
+    config_hash,
+    flatten_config,
     trial_key,
 )
 from .loader import load, loads
@@ -15,6 +19,16 @@ def load_and_compile(path) -> CompiledStudy:
 
 
 __all__ = [
-    "Cell", "CompiledStudy", "Study", "Trial", "canonical_json", "compile_study", "config_hash", "flatten_config",
-    "load", "load_and_compile", "loads", "trial_key",
+    "Cell",
+    "CompiledStudy",
+    "Study",
+    "Trial",
+    "canonical_json",
+    "compile_study",
+    "config_hash",
+    "flatten_config",
+    "load",
+    "load_and_compile",
+    "loads",
+    "trial_key",
 ]

@@ -104,11 +104,14 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(raw[section].get("params", {}), dict):
             raise _Invalid((section, "params"), "must be a mapping of parameter names to values")
     return {
-        "task": {"name": task.name, "params": _validate(task.params_model, raw["task"].get("params", {}),
-                                                        ("task", "params"))},
-        "model": {"family": family.name, "params": _validate(family.params_model,
-                                                             raw["model"].get("params", {}),
-                                                             ("model", "params"))},
+        "task": {
+            "name": task.name,
+            "params": _validate(task.params_model, raw["task"].get("params", {}), ("task", "params")),
+        },
+        "model": {
+            "family": family.name,
+            "params": _validate(family.params_model, raw["model"].get("params", {}), ("model", "params")),
+        },
         "train": _validate(TrainSection, raw["train"], ("train",)),
         "eval": _validate(EvalSection, raw["eval"], ("eval",)),
     }
@@ -181,8 +184,9 @@ def compile_study(study: Study) -> CompiledStudy:
         h = config_hash(config)
         label = _label(overrides)
         if h in seen:
-            raise spec_error(source, node, ("grid",),
-                             f"cells '{seen[h]}' and '{label}' resolve to the same config; drop one value")
+            raise spec_error(
+                source, node, ("grid",), f"cells '{seen[h]}' and '{label}' resolve to the same config; drop one value"
+            )
         seen[h] = label
         cells.append(Cell(h, config, overrides, label))
     if not cells:

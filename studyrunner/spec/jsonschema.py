@@ -18,12 +18,14 @@ def study_json_schema() -> dict[str, Any]:
         for name, entry in sorted(registry.items()):
             params = entry.params_model.model_json_schema()
             defs.update(params.pop("$defs", {}))
-            out.append({
-                "type": "object",
-                "properties": {name_key: {"const": name}, "params": params},
-                "required": [name_key],
-                "additionalProperties": False,
-            })
+            out.append(
+                {
+                    "type": "object",
+                    "properties": {name_key: {"const": name}, "params": params},
+                    "required": [name_key],
+                    "additionalProperties": False,
+                }
+            )
         return out
 
     schema["properties"]["model"] = {"anyOf": variants(FAMILIES, "family")}

@@ -22,8 +22,10 @@ class _StrictLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    "while reading a mapping", node.start_mark,
-                    f"duplicate key {key!r} (first at line {seen[key]})", key_node.start_mark,
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"duplicate key {key!r} (first at line {seen[key]})",
+                    key_node.start_mark,
                 )
             seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)

@@ -59,8 +59,15 @@ class Ledger:
             known_cells = set(s.scalars(select(CellRow.cell_hash).where(CellRow.study == study.name)))
             for cell in compiled.cells:
                 if cell.cell_hash not in known_cells:
-                    s.add(CellRow(study=study.name, cell_hash=cell.cell_hash, label=cell.label,
-                                  config=cell.config, overrides=cell.overrides))
+                    s.add(
+                        CellRow(
+                            study=study.name,
+                            cell_hash=cell.cell_hash,
+                            label=cell.label,
+                            config=cell.config,
+                            overrides=cell.overrides,
+                        )
+                    )
             s.flush()
             keys = [t.trial_key for t in compiled.trials]
             existing = {r.trial_key: r for r in s.scalars(select(TrialRow).where(TrialRow.trial_key.in_(keys)))}

@@ -74,8 +74,9 @@ def run_trial(config: dict[str, Any], seed: int, reporter: Reporter | None = Non
     model.train()
     for step in range(steps):
         started = time.perf_counter()
-        lr = lr_at(step, lr=train["lr"], steps=steps, warmup_steps=train["warmup_steps"],
-                   min_lr_ratio=train["min_lr_ratio"])
+        lr = lr_at(
+            step, lr=train["lr"], steps=steps, warmup_steps=train["warmup_steps"], min_lr_ratio=train["min_lr_ratio"]
+        )
         for group in optimizer.param_groups:
             group["lr"] = lr
         batch = task.train_batch(step, batch_size)

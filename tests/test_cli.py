@@ -1,0 +1,135 @@
+"""The `studyrunner` command as a user runs it: real subprocesses, a real Ray, a real MLflow server."""
+
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import TINY_STUDY
+
+EXE = [sys.executable, "-m", "studyrunner.cli"]
+
+
+def sr(*args, workspace: Path, check=True, timeout=600):
+    env = {**os.environ, "STUDYRUNNER_HOME": str(workspace)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("STUDYRUNNER_DB", None)
+    proc = subprocess.run([*EXE, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"studyrunner {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def submitted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    study = root / "tiny.yaml"
+    study.write_text(TINY_STUDY)
+    workspace = root / "ws"
+    first = sr("submit", str(study), "--no-progress", workspace=workspace)
+    return study, workspace, first
+
+
+def test_submit_reports_what_it_ran(submitted):
+    _, _, first = submitted
+    assert "4 to run" in first.stderr
+    assert "4 succeeded" in first.stderr
+    assert "Traceback" not in first.stderr
+
+
+def test_status_shows_every_trial_succeeded(submitted):
+    _, workspace, _ = submitted
+    out = sr("status", "tiny", workspace=workspace).stdout
+    row = next(line for line in out.splitlines() if "tiny" in line)
+    assert [c.strip() for c in row.strip("│ ").split("│")] == ["tiny", "0", "0", "4", "0", "4"]
+
+
+def test_results_in_every_format(submitted, tmp_path):
+    _, workspace, _ = submitted
+    csv = pd.read_csv(io.StringIO(sr("results", "tiny", "--format", "csv", workspace=workspace).stdout))
+    assert len(csv) == 4 and set(csv.status) == {"succeeded"}
+    assert {"trial_key", "seed", "model.params.loops", "eval_accuracy", "params"} <= set(csv.columns)
+    rows = json.loads(sr("results", "tiny", "--format", "json", workspace=workspace).stdout)
+    assert sorted(r["trial_key"] for r in rows) == sorted(csv.trial_key)
+    out = tmp_path / "r.parquet"
+    sr("results", "tiny", "--format", "parquet", "--out", str(out), workspace=workspace)
+    assert len(pd.read_parquet(out)) == 4
+    table = sr("results", "tiny", workspace=workspace).stdout
+    assert "eval_accuracy" in table and "succeeded" in table
+
+
+def test_second_submit_runs_zero_trials(submitted):
+    study, workspace, _ = submitted
+    again = sr("submit", str(study), "--no-progress", workspace=workspace)
+    assert "4 already succeeded (skipped), 0 to run" in again.stderr
+    assert "nothing to run" in again.stderr
+
+
+def test_unknown_study_and_bad_arguments_fail_cleanly(submitted):
+    _, workspace, _ = submitted
+    missing = sr("results", "nope", workspace=workspace, check=False)
+    assert missing.returncode == 1 and "no study named 'nope'" in missing.stderr and "tiny" in missing.stderr
+    bad_format = sr("results", "tiny", "--format", "xlsx", workspace=workspace, check=False)
+    assert bad_format.returncode == 2 and "xlsx" in bad_format.stderr
+    parquet_to_stdout = sr("results", "tiny", "--format", "parquet", workspace=workspace, check=False)
+    assert parquet_to_stdout.returncode == 1 and "--out" in parquet_to_stdout.stderr
+    for proc in (missing, bad_format, parquet_to_stdout):
+        assert "Traceback" not in proc.stderr
+
+
+def test_plan_counts_cells_trials_and_parameters(submitted):
+    study, workspace, _ = submitted
+    out = sr("plan", str(study), workspace=workspace).stdout
+    assert "2 cells x 2 seeds = 4 trials" in out
+    assert out.count("loops=") == 2
+
+
+def test_schema_is_json(submitted):
+    _, workspace, _ = submitted
+    schema = json.loads(sr("schema", workspace=workspace).stdout)
+    assert schema["title"] == "studyrunner study file"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ui_serves_the_study_on_localhost(submitted):
+    _, workspace, _ = submitted
+    port = _free_port()
+    env = {**os.environ, "STUDYRUNNER_HOME": str(workspace)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.Popen(
+        [*EXE, "ui", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=tiny"
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    body = json.load(resp)
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(1)
+        assert body["experiment"]["name"] == "tiny"
+    finally:
+        os.killpg(proc.pid, 15)
+        _, err = proc.communicate(timeout=30)
+    assert f"http://127.0.0.1:{port}" in err

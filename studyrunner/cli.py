@@ -226,9 +226,17 @@ def results(
         err.print(f"wrote {len(df)} rows to {out_path}")
 
 
-def _print_results_table(df) -> None:
+def _cell_text(v) -> str:
     import pandas as pd
 
+    if v is None or (not isinstance(v, list | tuple) and pd.isna(v)):
+        return ""
+    if isinstance(v, float):
+        return f"{int(v):,}" if v.is_integer() and abs(v) >= 1000 else f"{v:.4g}"
+    return str(v)
+
+
+def _print_results_table(df) -> None:
     varied = [c for c in df.columns if "." in c and df[c].astype(str).nunique() > 1]
     metrics = [
         m
@@ -239,17 +247,7 @@ def _print_results_table(df) -> None:
     for col in ["cell", "seed", "status", *varied, *metrics]:
         table.add_column(col.rsplit(".", 1)[-1] if col in varied else col)
     for _, row in df.iterrows():
-        vals = []
-        for col in ["cell", "seed", "status", *varied, *metrics]:
-            v = row[col]
-            vals.append(
-                ""
-                if v is None or (not isinstance(v, list | tuple) and pd.isna(v))
-                else f"{v:.4g}"
-                if isinstance(v, float)
-                else str(v)
-            )
-        table.add_row(*vals)
+        table.add_row(*(_cell_text(row[col]) for col in ["cell", "seed", "status", *varied, *metrics]))
     out.print(table)
     for _, row in df[df.status == "failed"].iterrows():
         out.print(f"[red]{row.trial_key}[/]: {str(row.error).splitlines()[0] if row.error else '?'}")

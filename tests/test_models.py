@@ -85,14 +85,21 @@ def test_embeddings_start_small():
     assert model.embed.positions.weight.std().item() == pytest.approx(0.02, rel=0.2)
 
 
-def test_residual_projections_shrink_with_effective_depth():
+def test_gpt2_init_shrinks_residual_projections_with_effective_depth():
     torch.manual_seed(0)
-    model = build_model("looped", {"d_model": 128, "n_heads": 4, "loops": 8}, FACTS)
+    model = build_model("looped", {"d_model": 128, "n_heads": 4, "loops": 8, "linear_init": "gpt2"}, FACTS)
     proj = [m for m in model.modules() if isinstance(m, ResidualProj)]
     assert len(proj) == 2  # attention output and MLP output of the one shared block
     for m in proj:
         assert m.weight.std().item() == pytest.approx(0.02 / math.sqrt(2 * 8), rel=0.1)
     assert model.blocks[0].mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+def test_default_init_keeps_torch_linears_and_small_embeddings():
+    # The CPU-scale notes' setting: PyTorch's Kaiming-uniform linears (std = 1/sqrt(3*fan_in)).
+    model = build_model("looped", {"d_model": 128, "n_heads": 4, "loops": 8}, FACTS)
+    assert model.blocks[0].mlp.fc.weight.std().item() == pytest.approx(1 / math.sqrt(3 * 128), rel=0.1)
+    assert model.embed.tokens.weight.std().item() == pytest.approx(0.02, rel=0.2)
 
 
 def test_too_long_input_is_rejected():

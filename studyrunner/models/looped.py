@@ -31,7 +31,7 @@ class LoopedTransformer(nn.Module):
         self.embed = Embedding(p, facts.vocab_size, facts.seq_len)
         self.blocks = nn.ModuleList(Block(p, facts.causal, rotary) for _ in range(p.block_layers))
         self.head = Head(p, facts.vocab_size)
-        init_weights(self, p.init_std, self.effective_depth)
+        init_weights(self, p, self.effective_depth)
 
     def iterate(self, h: torch.Tensor) -> torch.Tensor:
         """The loop, kept separate so families with halting or memory can wrap or replace it."""

@@ -39,7 +39,9 @@ def _params(config: dict[str, Any], seed: int | None = None) -> dict[str, str]:
 
 class Tracker:
     def __init__(self, tracking_uri: str):
-        logging.getLogger("alembic").setLevel(logging.WARNING)  # first use of a store runs migrations
+        # First use of a store runs migrations, which MLflow and alembic announce at INFO.
+        for name in ("alembic", "mlflow.store.db.utils"):
+            logging.getLogger(name).setLevel(logging.WARNING)
         from mlflow import MlflowClient
 
         self.uri = tracking_uri

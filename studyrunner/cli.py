@@ -109,6 +109,9 @@ def submit(
     else:
         err.print(f"{result.study}: nothing to run; every trial already succeeded")
     err.print(f"ledger: {ws.db_url}\nMLflow: {ws.tracking_uri}  (studyrunner ui)")
+    if result.interrupted:
+        err.print(f"resume with: studyrunner submit {file}  (runs only what has not succeeded)")
+        raise typer.Exit(130)
     if result.failed:
         err.print(f"see errors: studyrunner results {result.study} --format table")
         raise typer.Exit(1)

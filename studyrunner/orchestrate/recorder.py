@@ -102,3 +102,10 @@ class Recorder(DriverCallback):
         self._ensure_run(key)
         self._close(key, "FAILED")
         self.ledger.mark_failed(key, _error_text(trial))
+
+    def abandon(self) -> list[str]:
+        """After an interrupted fit: close the runs still open as KILLED, keep their partial curves."""
+        open_keys = list(self.runs)
+        for key in open_keys:
+            self._close(key, "KILLED")
+        return open_keys

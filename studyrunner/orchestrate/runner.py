@@ -41,6 +41,10 @@ def _quiet_ray_env() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_MAX_PENDING_TRIALS_PG", "auto")
+    # Tune's end-of-run advice (Tuner.restore, missing result files of unstarted trials) is not how a
+    # study resumes: resubmitting the study file is. The CLI says so itself.
+    for name in ("ray.tune.tune", "ray.tune.analysis.experiment_analysis"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
@@ -148,7 +152,7 @@ def _fit(
     max_failures,
     console,
     show_progress,
-) -> None:
+) -> Recorder:
     from ray import tune
 
     from .trainable import trainable
@@ -185,10 +189,14 @@ def _fit(
             failure_config=tune.FailureConfig(max_failures=max_failures),
         ),
     )
-    if show_progress:
-        with progress:
+    try:
+        if show_progress:
+            with progress:
+                tuner.fit()
+        else:
             tuner.fit()
-    else:
-        tuner.fit()
+    finally:
+        recorder.abandon()  # anything still open was interrupted (Ctrl-C, or the cluster went away)
     if not recorder.finished and to_run:
         raise StudyrunnerError("Ray Tune finished without running any trial; see the Ray logs")
+    return recorder

@@ -1,0 +1,115 @@
+"""Ledger semantics on SQLite and, where its binaries are installed, a real PostgreSQL on 127.0.0.1."""
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import TINY_STUDY
+
+from studyrunner.results import trials_frame
+from studyrunner.spec import compile_study, loads
+from studyrunner.store import Ledger
+
+
+def _pg_bin() -> str | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return os.path.dirname(found[-1]) if found else shutil.which("initdb") and os.path.dirname(shutil.which("initdb"))
+
+
+@pytest.fixture(scope="module")
+def postgres_url():
+    """A throwaway PostgreSQL server on 127.0.0.1 (skipped where PostgreSQL is not installed)."""
+    pytest.importorskip("psycopg")
+    bindir = _pg_bin()
+    if not bindir:
+        pytest.skip("PostgreSQL server binaries not installed (apt-get install postgresql)")
+    data = Path(tempfile.mkdtemp(prefix="sr-pg-"))  # pytest's tmp folders are private to root
+    as_user = []
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+        shutil.chown(data, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = lambda *cmd: subprocess.run([*as_user, *cmd], check=True, capture_output=True, text=True)  # noqa: E731
+    run(f"{bindir}/initdb", "-D", str(data / "db"), "-U", "postgres", "--auth=trust")
+    opts = f"-c listen_addresses=127.0.0.1 -p {port} -k {data}"
+    run(f"{bindir}/pg_ctl", "-D", str(data / "db"), "-o", opts, "-l", str(data / "log"), "-w", "start")
+    try:
+        run(f"{bindir}/createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "ledger")
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/ledger"
+    finally:
+        run(f"{bindir}/pg_ctl", "-D", str(data / "db"), "-m", "fast", "-w", "stop")
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger(request, tmp_path):
+    if request.param == "sqlite":
+        yield Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+        return
+    url = request.getfixturevalue("postgres_url")
+    led = Ledger(url)
+    yield led
+    from studyrunner.store.db import Base
+
+    Base.metadata.drop_all(led.engine)
+
+
+def test_register_is_idempotent_and_skips_only_succeeded(ledger):
+    compiled = compile_study(loads(TINY_STUDY))
+    keys = [t.trial_key for t in compiled.trials]
+    first = ledger.register(compiled)
+    assert first.new == 4 and sorted(first.to_run) == sorted(keys) and first.skipped == []
+    again = ledger.register(compiled)
+    assert again.new == 0 and sorted(again.to_run) == sorted(keys)
+
+    ledger.mark_running(keys[0], run_id="r0")
+    ledger.mark_succeeded(keys[0], {"eval_accuracy": 0.75, "params": 1234.0})
+    ledger.mark_running(keys[1])
+    ledger.mark_failed(keys[1], "ValueError: boom\ntraceback...")
+    ledger.mark_running(keys[2])  # left running by a crashed driver
+
+    third = ledger.register(compiled)
+    assert third.skipped == [keys[0]]
+    assert sorted(third.to_run) == sorted(keys[1:])
+    rows = {r.trial_key: r for r in ledger.trials("tiny")}
+    assert rows[keys[0]].status == "succeeded" and rows[keys[0]].metrics == {"eval_accuracy": 0.75, "params": 1234.0}
+    assert rows[keys[0]].mlflow_run_id == "r0" and rows[keys[0]].attempts == 1
+    assert rows[keys[1]].status == "pending" and rows[keys[1]].error.startswith("ValueError")
+    assert rows[keys[2]].status == "pending"
+
+
+def test_status_counts_and_results_frame(ledger):
+    compiled = compile_study(loads(TINY_STUDY))
+    ledger.register(compiled)
+    key = compiled.trials[0].trial_key
+    ledger.mark_running(key)
+    ledger.mark_succeeded(key, {"eval_accuracy": 0.5})
+    counts = ledger.status_counts("tiny")["tiny"]
+    assert counts["succeeded"] == 1 and counts["pending"] == 3 and counts["failed"] == 0
+    df = trials_frame(ledger, "tiny")
+    assert len(df) == 4
+    assert df.set_index("trial_key").loc[key, "eval_accuracy"] == 0.5
+    assert df.set_index("trial_key").loc[key, "duration_s"] >= 0
+    assert set(df["model.params.loops"]) == {1, 2}
+
+
+def test_unknown_study_names_the_known_ones(ledger):
+    from studyrunner.errors import StudyrunnerError
+
+    ledger.register(compile_study(loads(TINY_STUDY)))
+    with pytest.raises(StudyrunnerError, match="no study named 'nope'.*tiny"):
+        ledger.status_counts("nope")
+
+
+def test_bad_database_url_is_a_clear_error():
+    from studyrunner.errors import StudyrunnerError
+
+    with pytest.raises(StudyrunnerError, match="cannot open results database"):
+        Ledger("notadb://x")

@@ -14,6 +14,8 @@ from typing import Protocol
 from pydantic import BaseModel
 from torch import nn
 
+from ..registry import Registry
+
 
 class TaskFactsLike(Protocol):
     vocab_size: int
@@ -31,24 +33,16 @@ class FamilyEntry:
     builder: FamilyBuilder
 
 
-FAMILIES: dict[str, FamilyEntry] = {}
+FAMILIES: Registry[FamilyEntry] = Registry("model family")
+get_family = FAMILIES.get
 
 
 def register_family(name: str, params_model: type[BaseModel]) -> Callable[[FamilyBuilder], FamilyBuilder]:
     def decorator(builder: FamilyBuilder) -> FamilyBuilder:
-        if name in FAMILIES:
-            raise ValueError(f"model family {name!r} is registered twice")
-        FAMILIES[name] = FamilyEntry(name, params_model, builder)
+        FAMILIES.add(name, FamilyEntry(name, params_model, builder))
         return builder
 
     return decorator
-
-
-def get_family(name: str) -> FamilyEntry:
-    try:
-        return FAMILIES[name]
-    except KeyError:
-        raise KeyError(f"unknown model family {name!r}; valid: {', '.join(sorted(FAMILIES))}") from None
 
 
 def build_model(family: str, params: dict | BaseModel, facts: TaskFactsLike) -> nn.Module:

@@ -110,14 +110,12 @@ def submit(
     started_ray = ensure_ray(address)
     try:
         started = time.perf_counter()
+        recorder = Recorder(compiled, ledger, tracker, CurveStore(workspace.storage), experiment_id, parent_runs)
         _fit(
-            compiled,
+            study,
             to_run,
-            workspace,
-            ledger,
-            tracker,
-            experiment_id,
-            parent_runs,
+            recorder,
+            workspace.ray_storage(),
             max_concurrent=max_concurrent,
             max_failures=max_failures,
             console=console,
@@ -140,25 +138,13 @@ def submit(
 
 
 def _fit(
-    compiled,
-    to_run,
-    workspace,
-    ledger,
-    tracker,
-    experiment_id,
-    parent_runs,
-    *,
-    max_concurrent,
-    max_failures,
-    console,
-    show_progress,
-) -> Recorder:
+    study, to_run, recorder: Recorder, storage_path: str, *, max_concurrent, max_failures, console, show_progress
+) -> None:
+    """One Tune run over `to_run`: a trial per trial_key, recorded on the driver by `recorder`."""
     from ray import tune
 
     from .trainable import trainable
 
-    study = compiled.study
-    recorder = Recorder(compiled, ledger, tracker, CurveStore(workspace.storage), experiment_id, parent_runs)
     progress = ProgressDisplay({t.trial_key: t.config["train"]["steps"] for t in to_run}, console=console)
     callbacks = [recorder, progress] if show_progress else [recorder]
     faults = [p for p in os.environ.get("STUDYRUNNER_INJECT_FAULT", "").split(",") if p]
@@ -183,7 +169,7 @@ def _fit(
         ),
         run_config=tune.RunConfig(
             name=f"{study.name}-{time.strftime('%Y%m%d-%H%M%S')}",
-            storage_path=workspace.ray_storage(),
+            storage_path=storage_path,
             callbacks=callbacks,
             verbose=0,
             failure_config=tune.FailureConfig(max_failures=max_failures),
@@ -199,4 +185,3 @@ def _fit(
         recorder.abandon()  # anything still open was interrupted (Ctrl-C, or the cluster went away)
     if not recorder.finished and to_run:
         raise StudyrunnerError("Ray Tune finished without running any trial; see the Ray logs")
-    return recorder

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from ..registry import Registry
 from .base import Task
 
 TaskFactory = Callable[[BaseModel, int], Task]
@@ -22,24 +23,16 @@ class TaskEntry:
     factory: TaskFactory  # (validated params, trial seed) -> Task
 
 
-TASKS: dict[str, TaskEntry] = {}
+TASKS: Registry[TaskEntry] = Registry("task")
+get_task = TASKS.get
 
 
 def register_task(name: str, params_model: type[BaseModel]) -> Callable[[TaskFactory], TaskFactory]:
     def decorator(factory: TaskFactory) -> TaskFactory:
-        if name in TASKS:
-            raise ValueError(f"task {name!r} is registered twice")
-        TASKS[name] = TaskEntry(name, params_model, factory)
+        TASKS.add(name, TaskEntry(name, params_model, factory))
         return factory
 
     return decorator
-
-
-def get_task(name: str) -> TaskEntry:
-    try:
-        return TASKS[name]
-    except KeyError:
-        raise KeyError(f"unknown task {name!r}; valid: {', '.join(sorted(TASKS))}") from None
 
 
 def build_task(name: str, params: dict | BaseModel, seed: int) -> Task:

@@ -108,6 +108,7 @@ def submit(
         )
     else:
         err.print(f"{result.study}: nothing to run; every trial already succeeded")
+    _print_summary(ws, compiled.study)
     err.print(f"ledger: {ws.db_url}\nMLflow: {ws.tracking_uri}  (studyrunner ui)")
     if result.interrupted:
         err.print(f"resume with: studyrunner submit {file}  (runs only what has not succeeded)")
@@ -115,6 +116,25 @@ def submit(
     if result.failed:
         err.print(f"see errors: studyrunner results {result.study} --format table")
         raise typer.Exit(1)
+
+
+def _print_summary(ws, study) -> None:
+    from .results import cell_summary, trials_frame
+    from .store import Ledger
+
+    metric = study.metric
+    summary = cell_summary(trials_frame(Ledger(ws.db_url), study.name), metric.name, metric.mode)
+    if summary.empty:
+        err.print(f"[yellow]no trial reported {metric.name!r}[/]; see `studyrunner results {study.name}`")
+        return
+    table = Table(title=f"{metric.name} ({metric.mode}) by cell, over seeds")
+    for col in ("cell", "mean", "std", "seeds", "failed"):
+        table.add_column(col, justify="left" if col == "cell" else "right")
+    for row in summary.itertuples():
+        table.add_row(
+            row.cell, f"{row.mean:.4f}", "" if row.std != row.std else f"{row.std:.4f}", str(row.seeds), str(row.failed)
+        )
+    err.print(table)
 
 
 @app.command()

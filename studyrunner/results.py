@@ -70,3 +70,15 @@ def load(study: str, db: str | None = None, workspace: str | None = None) -> pd.
 def curves(study: str, storage: str | None = None, workspace: str | None = None) -> pd.DataFrame:
     """Every per-step record of `study` (columns: trial_key, step, metrics; NaN where not logged)."""
     return CurveStore(Workspace.resolve(workspace, storage=storage).storage).read_study(study)
+
+
+def cell_summary(df: pd.DataFrame, metric: str, mode: str = "max") -> pd.DataFrame:
+    """Per cell: mean, std and count of `metric` over succeeded seeds, and how many seeds failed;
+    best cell first by `mode`."""
+    if metric not in df.columns:
+        return pd.DataFrame(columns=["cell", "mean", "std", "seeds", "failed"])
+    ok = df[df.status == "succeeded"]
+    stats = ok.groupby("cell", sort=False)[metric].agg(["mean", "std", "count"]).rename(columns={"count": "seeds"})
+    stats["failed"] = df[df.status == "failed"].groupby("cell", sort=False).size()
+    stats["failed"] = stats["failed"].fillna(0).astype(int)
+    return stats.sort_values("mean", ascending=(mode == "min")).reset_index()

@@ -113,3 +113,24 @@ def test_bad_database_url_is_a_clear_error():
 
     with pytest.raises(StudyrunnerError, match="cannot open results database"):
         Ledger("notadb://x")
+
+
+def test_cell_summary_orders_by_mode_and_counts_failed_seeds(tmp_path):
+    from studyrunner.results import cell_summary
+
+    ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    compiled = compile_study(loads(TINY_STUDY))
+    ledger.register(compiled)
+    (a0, a1, b0, b1) = compiled.trials  # cells loops=1 (a) and loops=2 (b), seeds 0 and 1
+    for trial, acc in ((a0, 0.4), (a1, 0.6), (b0, 0.9)):
+        ledger.mark_running(trial.trial_key)
+        ledger.mark_succeeded(trial.trial_key, {"eval_accuracy": acc})
+    ledger.mark_running(b1.trial_key)
+    ledger.mark_failed(b1.trial_key, "RuntimeError: diverged")
+    df = trials_frame(ledger, "tiny")
+    best_first = cell_summary(df, "eval_accuracy", "max")
+    assert list(best_first.cell) == [b0.label, a0.label]
+    assert best_first.set_index("cell").loc[a0.label, "mean"] == pytest.approx(0.5)
+    assert best_first.set_index("cell").loc[b0.label, ["seeds", "failed"]].tolist() == [1, 1]
+    assert list(cell_summary(df, "eval_accuracy", "min").cell) == [a0.label, b0.label]
+    assert cell_summary(df, "no_such_metric").empty

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
+import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -47,6 +48,19 @@ def _quiet_ray_env() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+def _check_reachable(address: str) -> None:
+    """Ray retries an unreachable head for minutes; a TCP probe says so in two seconds."""
+    if address == "auto" or ":" not in address:
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except (OSError, ValueError) as exc:
+        raise StudyrunnerError(
+            f"cannot reach the Ray cluster at {address!r}: {exc} (check --address / RAY_ADDRESS)"
+        ) from None
+
+
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     """Start a local Ray (or join `address` / $RAY_ADDRESS). True if this call started it."""
     import ray
@@ -62,7 +76,14 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
         "configure_logging": True,
     }
     if address:
-        ray.init(address=address, **kwargs)
+        _check_reachable(address)
+        try:
+            ray.init(address=address, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - Ray raises several types for an unreachable cluster
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StudyrunnerError(
+                f"cannot join the Ray cluster at {address!r}: {first} (check --address / RAY_ADDRESS)"
+            ) from None
     else:
         # Unix socket paths are limited to 107 characters, so Ray's session folder must be short.
         temp_dir = Path(tempfile.gettempdir()) / f"sr-ray-{os.getuid()}"
@@ -95,7 +116,11 @@ def submit(
         return result
 
     tracker = Tracker(workspace.tracking_uri)
-    experiment_id = tracker.experiment(study.name, workspace.artifact_location(study.name), study.description)
+    try:
+        experiment_id = tracker.experiment(study.name, workspace.artifact_location(study.name), study.description)
+    except Exception as exc:  # noqa: BLE001 - MLflow surfaces store errors under many types
+        first = str(exc).strip().splitlines()[0]
+        raise StudyrunnerError(f"cannot use MLflow tracking store {workspace.tracking_uri!r}: {first}") from None
     ledger.set_experiment(study.name, experiment_id)
     to_run = [t for t in compiled.trials if t.trial_key in set(reg.to_run)]
     known_parents = {c.cell_hash: c.mlflow_run_id for c in ledger.cells(study.name)}

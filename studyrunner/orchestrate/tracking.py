@@ -47,10 +47,24 @@ class Tracker:
         self.uri = tracking_uri
         if tracking_uri.startswith("sqlite:///"):
             Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        if tracking_uri.split(":", 1)[0].split("+")[0] in ("sqlite", "postgresql", "mysql", "mssql"):
+            self._check_reachable(tracking_uri)
         try:
             self.client = MlflowClient(tracking_uri)
         except Exception as exc:  # noqa: BLE001 - MLflow raises many types for a bad URI
             raise StudyrunnerError(f"cannot open MLflow tracking store {tracking_uri!r}: {exc}") from None
+
+    @staticmethod
+    def _check_reachable(uri: str) -> None:
+        """Fail in one line, now: MLflow itself retries an unreachable database for ~100 s."""
+        from sqlalchemy import create_engine
+
+        try:
+            with create_engine(uri).connect():
+                pass
+        except Exception as exc:  # noqa: BLE001 - drivers raise their own types
+            first = str(exc).strip().splitlines()[0]
+            raise StudyrunnerError(f"cannot open MLflow tracking store {uri!r}: {first}") from None
 
     def experiment(self, study: str, artifact_location: str, description: str = "") -> str:
         exp = self.client.get_experiment_by_name(study)

@@ -36,7 +36,8 @@ class Ledger:
             self.engine = make_engine(url)
             Base.metadata.create_all(self.engine)
         except (ArgumentError, OperationalError) as exc:
-            raise StudyrunnerError(f"cannot open results database {url!r}: {exc.args[0]}") from None
+            first = str(exc.args[0]).strip().splitlines()[0]
+            raise StudyrunnerError(f"cannot open results database {url!r}: {first}") from None
         self._session = sessionmaker(self.engine, expire_on_commit=False)
 
     def session(self) -> Session:

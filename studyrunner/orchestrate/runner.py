@@ -122,7 +122,8 @@ def submit(
         first = str(exc).strip().splitlines()[0]
         raise StudyrunnerError(f"cannot use MLflow tracking store {workspace.tracking_uri!r}: {first}") from None
     ledger.set_experiment(study.name, experiment_id)
-    to_run = [t for t in compiled.trials if t.trial_key in set(reg.to_run)]
+    pending = set(reg.to_run)
+    to_run = [t for t in compiled.trials if t.trial_key in pending]
     known_parents = {c.cell_hash: c.mlflow_run_id for c in ledger.cells(study.name)}
     parent_runs: dict[str, str] = {}
     for cell in compiled.cells:

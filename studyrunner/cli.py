@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import subprocess
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -13,7 +12,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from .errors import StudyrunnerError
 
@@ -46,18 +47,57 @@ TrackingOpt = Annotated[
 ]
 
 
+def say_error(message: str) -> None:
+    """One line on stderr; the message (file names, user text, schema patterns) prints literally."""
+    err.print(Text.assemble(("error: ", "red"), str(message)), highlight=False, soft_wrap=True)
+
+
 def user_errors(fn):
-    """Print a StudyrunnerError as one line and exit with its code; no traceback."""
+    """The CLI's error boundary: every failure ends in one line and a non-zero exit, never a traceback.
+
+    A StudyrunnerError is the user's to mend (its code: 2 for a study file, 1 otherwise). Anything else
+    is a bug or an environment problem: one line naming it, exit 1, and STUDYRUNNER_DEBUG=1 shows the
+    traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except StudyrunnerError as exc:
-            err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            say_error(str(exc))
             raise typer.Exit(exc.exit_code) from None
+        except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the boundary itself
+            if os.environ.get("STUDYRUNNER_DEBUG"):
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0]
+            say_error(f"{type(exc).__name__}: {first} (unexpected; STUDYRUNNER_DEBUG=1 shows the traceback)")
+            raise typer.Exit(1) from None
 
     return wrapper
+
+
+def _warn(lines: list[str]) -> None:
+    for line in lines:
+        err.print(Text.assemble(("warning: ", "yellow"), line), highlight=False, soft_wrap=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        out.print(f"studyrunner {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+):
+    """Declarative ablation and scaling studies of looped transformers (Ray Tune + MLflow + SQL)."""
 
 
 def _workspace(
@@ -90,6 +130,7 @@ def submit(
     from .spec import load_and_compile
 
     compiled = load_and_compile(file)
+    _warn(compiled.warnings)
     ws = _workspace(workspace, db, tracking_uri, storage)
     result = run(
         compiled,
@@ -102,19 +143,19 @@ def submit(
     )
     if result.ran or result.interrupted:
         err.print(
-            f"{result.study}: ran {result.ran} trials in {result.wall_time_s:.0f} s: "
+            f"{escape(result.study)}: ran {result.ran} trials in {result.wall_time_s:.0f} s: "
             f"[green]{len(result.succeeded)} succeeded[/], [red]{len(result.failed)} failed[/]"
             + (f", {len(result.interrupted)} interrupted (pending)" if result.interrupted else "")
         )
     else:
-        err.print(f"{result.study}: nothing to run; every trial already succeeded")
+        err.print(f"{escape(result.study)}: nothing to run; every trial already succeeded")
     _print_summary(ws, compiled.study)
-    err.print(f"ledger: {ws.db_url}\nMLflow: {ws.tracking_uri}  (studyrunner ui)")
+    err.print(f"ledger: {ws.db_url}\nMLflow: {ws.tracking_uri}  (studyrunner ui)", markup=False, highlight=False)
     if result.interrupted:
-        err.print(f"resume with: studyrunner submit {file}  (runs only what has not succeeded)")
+        err.print(f"resume with: studyrunner submit {file}  (runs only what has not succeeded)", markup=False)
         raise typer.Exit(130)
     if result.failed:
-        err.print(f"see errors: studyrunner results {result.study} --format table")
+        err.print(f"see errors: studyrunner results {result.study} --format table", markup=False)
         raise typer.Exit(1)
 
 
@@ -125,16 +166,24 @@ def _print_summary(ws, study) -> None:
     metric = study.metric
     summary = cell_summary(trials_frame(Ledger(ws.db_url), study.name), metric.name, metric.mode)
     if summary.empty:
-        err.print(f"[yellow]no trial reported {metric.name!r}[/]; see `studyrunner results {study.name}`")
+        _warn([f"no trial reported {metric.name!r}; see `studyrunner results {study.name}`"])
         return
     table = Table(title=f"{metric.name} ({metric.mode}) by cell, over seeds")
     for col in ("cell", "mean", "std", "seeds", "failed"):
         table.add_column(col, justify="left" if col == "cell" else "right")
     for row in summary.itertuples():
         table.add_row(
-            row.cell, f"{row.mean:.4f}", "" if row.std != row.std else f"{row.std:.4f}", str(row.seeds), str(row.failed)
+            Text(row.cell),
+            _num(row.mean),
+            _num(row.std),
+            str(row.seeds),
+            Text(str(row.failed), style="red" if row.failed else ""),
         )
     err.print(table)
+
+
+def _num(value: float) -> str:
+    return "" if value != value else f"{value:.4f}"  # NaN: no seed succeeded, or one seed (no std)
 
 
 @app.command()
@@ -144,7 +193,8 @@ def validate(file: StudyFile):
     from .spec import load_and_compile
 
     compiled = load_and_compile(file)
-    out.print(f"{file}: ok ({len(compiled.cells)} cells, {len(compiled.trials)} trials)")
+    _warn(compiled.warnings)
+    out.print(f"{file}: ok ({len(compiled.cells)} cells, {len(compiled.trials)} trials)", markup=False, highlight=False)
 
 
 @app.command()
@@ -158,9 +208,12 @@ def plan(file: StudyFile):
     from .tasks import build_task
 
     compiled = load_and_compile(file)
+    _warn(compiled.warnings)
     study = compiled.study
     table = Table(
-        title=f"{study.name}: {len(compiled.cells)} cells x {len(study.seeds)} seeds = {len(compiled.trials)} trials"
+        title=Text(
+            f"{study.name}: {len(compiled.cells)} cells x {len(study.seeds)} seeds = {len(compiled.trials)} trials"
+        )
     )
     for col in ["#", "cell", "cell_hash", "family", "params", "effective_depth", "steps"]:
         table.add_column(col, justify="right" if col in ("#", "params", "effective_depth", "steps") else "left")
@@ -170,7 +223,7 @@ def plan(file: StudyFile):
             model = build_model(cell.config["model"]["family"], cell.config["model"]["params"], task.facts)
         table.add_row(
             str(i),
-            cell.label,
+            Text(cell.label),
             cell.cell_hash,
             cell.config["model"]["family"],
             f"{count_params(model):,}",
@@ -190,7 +243,7 @@ def status(
     """Trials per status, per study."""
     from .store import STATUSES, Ledger
 
-    ledger = Ledger(_workspace(workspace, db).db_url)
+    ledger = Ledger(_workspace(workspace, db).db_url, create=False)
     counts = ledger.status_counts(study)
     if not counts:
         out.print("no studies in the ledger yet; run: studyrunner submit FILE")
@@ -202,7 +255,7 @@ def status(
     styles = {"succeeded": "green", "failed": "red", "running": "cyan", "pending": "yellow"}
     for name, c in sorted(counts.items()):
         cells = [f"[{styles[s]}]{c[s]}[/]" if c[s] else "0" for s in STATUSES]
-        table.add_row(name, *cells, str(sum(c.values())))
+        table.add_row(Text(name), *cells, str(sum(c.values())))
     out.print(table)
 
 
@@ -228,25 +281,40 @@ def results(
     from .results import trials_frame
     from .store import Ledger
 
-    df = trials_frame(Ledger(_workspace(workspace, db).db_url), study)
-    if format is Format.parquet:
-        if out_path is None:
-            raise StudyrunnerError("--format parquet writes a binary file: add --out PATH.parquet")
-        df.to_parquet(out_path, index=False)
-    elif format is Format.csv:
-        text = df.to_csv(index=False)
-    elif format is Format.json:
-        text = df.to_json(orient="records", date_format="iso", indent=2)
-    else:
-        text = None
-        _print_results_table(df)
-    if format in (Format.csv, Format.json):
-        if out_path:
-            out_path.write_text(text)
+    if format is Format.parquet and out_path is None:
+        raise StudyrunnerError("--format parquet writes a binary file: add --out PATH.parquet")
+    if out_path is not None:
+        _check_out_path(out_path)
+    df = trials_frame(Ledger(_workspace(workspace, db).db_url, create=False), study)
+    try:
+        if format is Format.parquet:
+            df.to_parquet(out_path, index=False)
+        elif format is Format.table:
+            _print_results_table(df, out_path)
         else:
-            sys.stdout.write(text)
+            text = (
+                df.to_csv(index=False)
+                if format is Format.csv
+                else df.to_json(orient="records", indent=2, date_format="iso")
+            )
+            if out_path:
+                out_path.write_text(text)
+            else:
+                sys.stdout.write(text)
+    except OSError as exc:
+        raise StudyrunnerError(f"--out: cannot write {str(out_path)!r}: {exc.strerror or exc}") from None
     if out_path:
-        err.print(f"wrote {len(df)} rows to {out_path}")
+        err.print(f"wrote {len(df)} rows to {out_path}", markup=False, highlight=False)
+
+
+def _check_out_path(path: Path) -> None:
+    """Before any work: --out names a file we can create, not a folder or a path in a missing folder."""
+    if path.is_dir():
+        raise StudyrunnerError(f"--out: {str(path)!r} is a folder; give a file name inside it")
+    if not path.parent.is_dir():
+        raise StudyrunnerError(f"--out: folder {str(path.parent)!r} does not exist; create it or choose another path")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise StudyrunnerError(f"--out: {str(path)!r} is not writable; choose another path")
 
 
 def _cell_text(v) -> str:
@@ -259,7 +327,7 @@ def _cell_text(v) -> str:
     return str(v)
 
 
-def _print_results_table(df) -> None:
+def _print_results_table(df, out_path: Path | None = None) -> None:
     varied = [c for c in df.columns if "." in c and df[c].astype(str).nunique() > 1]
     metrics = [
         m
@@ -270,10 +338,22 @@ def _print_results_table(df) -> None:
     for col in ["cell", "seed", "status", *varied, *metrics]:
         table.add_column(col.rsplit(".", 1)[-1] if col in varied else col)
     for _, row in df.iterrows():
-        table.add_row(*(_cell_text(row[col]) for col in ["cell", "seed", "status", *varied, *metrics]))
-    out.print(table)
-    for _, row in df[df.status == "failed"].iterrows():
-        out.print(f"[red]{row.trial_key}[/]: {str(row.error).splitlines()[0] if row.error else '?'}")
+        table.add_row(*(Text(_cell_text(row[col])) for col in ["cell", "seed", "status", *varied, *metrics]))
+    failures = [
+        Text.assemble((row.trial_key, "red"), ": ", str(row.error).splitlines()[0] if row.error else "?")
+        for _, row in df[df.status == "failed"].iterrows()
+    ]
+    if out_path is None:
+        console = out
+    else:  # plain text in the file: no colours, and as wide as the table needs
+        console = Console(file=open(out_path, "w", encoding="utf-8"), width=100_000, color_system=None)  # noqa: SIM115
+    try:
+        console.print(table)
+        for line in failures:
+            console.print(line, highlight=False, soft_wrap=True)
+    finally:
+        if out_path is not None:
+            console.file.close()
 
 
 @app.command()
@@ -284,30 +364,25 @@ def ui(
     tracking_uri: TrackingOpt = None,
     workspace: WorkspaceOpt = None,
 ):
-    """Serve the MLflow UI over the study tracking store."""
+    """Serve the MLflow UI over the study tracking store until Ctrl-C (stopping `ui` stops the server)."""
+    from .orchestrate.ui_server import serve
+
     ws = _workspace(workspace, tracking_uri=tracking_uri)
     if "://" in ws.tracking_uri and ws.tracking_uri.split("://")[0] in ("http", "https"):
         raise StudyrunnerError(f"the tracking store is already a server ({ws.tracking_uri}); open it directly")
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--backend-store-uri",
-        ws.tracking_uri,
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
-    err.print(f"MLflow UI for {ws.tracking_uri}\n  -> http://{host}:{port}   (Ctrl-C stops it)")
-    try:
-        raise typer.Exit(subprocess.call(cmd, env=env))
-    except KeyboardInterrupt:
-        raise typer.Exit(0) from None
+    if ws.tracking_uri.startswith("sqlite:///") and not Path(ws.tracking_uri.removeprefix("sqlite:///")).is_file():
+        raise StudyrunnerError(
+            f"no MLflow store at {ws.tracking_uri.removeprefix('sqlite:///')!r}: nothing was submitted with this "
+            "workspace (check --workspace / --tracking-uri, or run: studyrunner submit FILE)"
+        )
+    log_path = ws.root / "mlflow-ui.log"
+
+    def ready(url: str) -> None:
+        err.print(
+            f"MLflow UI for {ws.tracking_uri}\n  -> {url}   (Ctrl-C stops it; server log: {log_path})", markup=False
+        )
+
+    raise typer.Exit(serve(ws.tracking_uri, host, port, log_path, ready))
 
 
 @app.command()

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pandas as pd
 
 from .spec import flatten_config
@@ -29,6 +31,11 @@ ID_COLUMNS = [
 ]
 
 
+def _utc(moment: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; the ledger writes UTC, so say so."""
+    return moment.replace(tzinfo=UTC) if moment is not None and moment.tzinfo is None else moment
+
+
 def trials_frame(ledger: Ledger, study: str) -> pd.DataFrame:
     """Identity and status columns, then the flattened resolved config, then final metrics."""
     ledger.get_study(study)
@@ -36,7 +43,8 @@ def trials_frame(ledger: Ledger, study: str) -> pd.DataFrame:
     rows, config_cols, metric_cols = [], {}, {}
     for t in ledger.trials(study):
         cell = cells[t.cell_hash]
-        duration = (t.finished_at - t.started_at).total_seconds() if t.finished_at and t.started_at else None
+        started, finished = _utc(t.started_at), _utc(t.finished_at)
+        duration = (finished - started).total_seconds() if finished and started else None
         config = flatten_config(cell.config)
         metrics = t.metrics or {}
         config_cols.update(dict.fromkeys(config))
@@ -50,8 +58,8 @@ def trials_frame(ledger: Ledger, study: str) -> pd.DataFrame:
                 "seed": t.seed,
                 "status": t.status,
                 "attempts": t.attempts,
-                "started_at": t.started_at,
-                "finished_at": t.finished_at,
+                "started_at": started,
+                "finished_at": finished,
                 "duration_s": duration,
                 "mlflow_run_id": t.mlflow_run_id,
                 "error": t.error,
@@ -75,10 +83,15 @@ def curves(study: str, storage: str | None = None, workspace: str | None = None)
 def cell_summary(df: pd.DataFrame, metric: str, mode: str = "max") -> pd.DataFrame:
     """Per cell: mean, std and count of `metric` over succeeded seeds, and how many seeds failed;
     best cell first by `mode`."""
-    if metric not in df.columns:
-        return pd.DataFrame(columns=["cell", "mean", "std", "seeds", "failed"])
-    ok = df[df.status == "succeeded"]
-    stats = ok.groupby("cell", sort=False)[metric].agg(["mean", "std", "count"]).rename(columns={"count": "seeds"})
-    stats["failed"] = df[df.status == "failed"].groupby("cell", sort=False).size()
-    stats["failed"] = stats["failed"].fillna(0).astype(int)
-    return stats.sort_values("mean", ascending=(mode == "min")).reset_index()
+    columns = ["cell", "mean", "std", "seeds", "failed"]
+    if df.empty:
+        return pd.DataFrame(columns=columns)
+    values = df[metric].where(df.status == "succeeded") if metric in df.columns else pd.Series(float("nan"), df.index)
+    if values.isna().all() and not (df.status == "failed").any():
+        return pd.DataFrame(columns=columns)  # nothing reported yet, and nothing failed
+    grouped = values.groupby(df["cell"], sort=False)
+    stats = grouped.agg(["mean", "std", "count"]).rename(columns={"count": "seeds"})
+    # Cells whose seeds all failed stay in the table (mean NaN), with their failure count.
+    stats["failed"] = (df.status == "failed").groupby(df["cell"], sort=False).sum().astype(int)
+    stats = stats.sort_values("mean", ascending=(mode == "min"), na_position="last")
+    return stats.reset_index()[columns]

@@ -15,6 +15,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import StudyrunnerError
+
+TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file", "databricks")
+
 
 @dataclass(frozen=True)
 class Workspace:
@@ -31,13 +35,26 @@ class Workspace:
         tracking_uri: str | None = None,
         storage: str | None = None,
     ) -> Workspace:
+        """The workspace the options and environment name; every location is checked for form (a
+        local folder that is a file, an in-memory SQLite URL, an unknown scheme) but nothing is created."""
         home = Path(root or os.environ.get("STUDYRUNNER_HOME") or ".studyrunner").expanduser().resolve()
-        return cls(
+        if home.exists() and not home.is_dir():
+            raise StudyrunnerError(
+                f"workspace {str(home)!r} is a file, not a folder (check --workspace / STUDYRUNNER_HOME)"
+            )
+        ws = cls(
             root=home,
             db_url=db or os.environ.get("STUDYRUNNER_DB") or f"sqlite:///{home / 'ledger.db'}",
             tracking_uri=tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home / 'mlflow.db'}",
             storage=storage or os.environ.get("STUDYRUNNER_STORAGE") or str(home),
         )
+        check_sqlite_url(ws.db_url, "--db / STUDYRUNNER_DB")
+        check_tracking_uri(ws.tracking_uri)
+        return ws
+
+    def check_storage(self) -> None:
+        """Before anything is written: the storage location can be opened and written to."""
+        check_storage(self.storage)
 
     @property
     def is_local_storage(self) -> bool:
@@ -56,3 +73,60 @@ class Workspace:
         if self.is_local_storage:
             return str(Path(self.storage.removeprefix("file://")) / "ray")
         return f"{self.storage.rstrip('/')}/ray"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_sqlite_url(url: str, option: str) -> None:
+    """An SQLite URL must name a file: `sqlite://`, `sqlite:///` and `:memory:` would keep everything
+    in memory and lose it when the process ends."""
+    if not url.startswith("sqlite"):
+        return
+    path = url.split("://", 1)[1] if "://" in url else ""
+    path = path.removeprefix("/").split("?", 1)[0]
+    if not path or path == ":memory:" or "mode=memory" in url:
+        raise StudyrunnerError(
+            f"{option}: {url!r} is an in-memory SQLite database, which loses everything on exit; "
+            "name a file, e.g. sqlite:///results/ledger.db"
+        )
+
+
+def check_tracking_uri(uri: str) -> None:
+    scheme = uri.split("://", 1)[0].split("+", 1)[0] if "://" in uri else ""
+    if "://" in uri and scheme not in TRACKING_SCHEMES:
+        raise StudyrunnerError(
+            f"--tracking-uri / MLFLOW_TRACKING_URI: unknown scheme {scheme!r} in {uri!r}; "
+            f"use one of {', '.join(TRACKING_SCHEMES)} (or a local folder)"
+        )
+    check_sqlite_url(uri, "--tracking-uri / MLFLOW_TRACKING_URI")
+
+
+def check_storage(storage: str) -> None:
+    """Open the storage location and write a probe file, so a bad --storage fails before any study,
+    experiment or run records it."""
+    import pyarrow.fs as pafs
+
+    option = "--storage / STUDYRUNNER_STORAGE"
+    try:
+        if "://" in storage and not storage.startswith("file://"):
+            fs, root = pafs.FileSystem.from_uri(storage)
+        else:
+            local = Path(storage.removeprefix("file://")).expanduser()
+            if local.exists() and not local.is_dir():
+                raise StudyrunnerError(f"{option}: {storage!r} is a file; give a folder or a URI")
+            fs, root = pafs.LocalFileSystem(), str(local.resolve())
+        fs.create_dir(root, recursive=True)
+        probe = f"{root.rstrip('/')}/.studyrunner-probe"
+        with fs.open_output_stream(probe) as f:
+            f.write(b"ok")
+        fs.delete_file(probe)
+    except StudyrunnerError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ... per filesystem
+        raise StudyrunnerError(
+            f"{option}: cannot write to {storage!r}: {_first_line(exc)} "
+            "(give a writable folder or a pyarrow filesystem URI such as s3://bucket/path)"
+        ) from None

@@ -133,4 +133,13 @@ def test_cell_summary_orders_by_mode_and_counts_failed_seeds(tmp_path):
     assert best_first.set_index("cell").loc[a0.label, "mean"] == pytest.approx(0.5)
     assert best_first.set_index("cell").loc[b0.label, ["seeds", "failed"]].tolist() == [1, 1]
     assert list(cell_summary(df, "eval_accuracy", "min").cell) == [a0.label, b0.label]
-    assert cell_summary(df, "no_such_metric").empty
+    # A metric nobody reported still lists the cells with failures, so failures are never hidden.
+    unreported = cell_summary(df, "no_such_metric").set_index("cell")
+    assert unreported["mean"].isna().all() and unreported["failed"].to_dict() == {a0.label: 0, b0.label: 1}
+    ledger.mark_failed(b0.trial_key, "RuntimeError: diverged")  # now every seed of cell b failed
+    summary = cell_summary(trials_frame(ledger, "tiny"), "eval_accuracy").set_index("cell")
+    assert summary.loc[b0.label, ["seeds", "failed"]].tolist() == [0, 2]
+    assert summary.index.tolist() == [a0.label, b0.label]  # the all-failed cell is last, not dropped
+    succeeded_only = ledger.trials("tiny")
+    assert cell_summary(trials_frame(ledger, "tiny").iloc[0:0], "eval_accuracy").empty
+    assert len(succeeded_only) == 4

@@ -7,18 +7,20 @@ small module around them, never a copy of them.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 from torch import nn
 
+from ..params import StrictParams
+from .output import aux_metric_names, grad_norm_metric_names
 
-class CoreParams(BaseModel):
+
+class CoreParams(StrictParams):
     """Knobs every family shares."""
-
-    model_config = ConfigDict(extra="forbid")
 
     d_model: int = Field(64, ge=8, le=8192, description="Residual stream width.")
     n_heads: int = Field(4, ge=1, le=128, description="Attention heads; must divide d_model.")
@@ -27,7 +29,9 @@ class CoreParams(BaseModel):
         "learned", description="Learned absolute positions, or rotary embeddings in every attention layer."
     )
     rope_base: float = Field(10000.0, gt=1, description="RoPE base; the CPU-scale notes used 100 for addition.")
-    norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="Pre-norm type.")
+    norm: Literal["layernorm", "rmsnorm", "derf"] = Field(
+        "layernorm", description="Pre-norm type; 'derf' is erf(a*x + s) (seed 003, see `Derf`)."
+    )
     bias: bool = Field(
         False,
         description="Biases in linears and LayerNorm. Off by default as in nanoGPT: no loss in quality, "
@@ -47,6 +51,43 @@ class CoreParams(BaseModel):
         "scaled by 1/sqrt(2*depth).",
     )
 
+    # Fields added after studies were run, left out of dumps (so of resolved configs and cell hashes)
+    # while at their default: a cell that does not use a new knob keeps its cell_hash and trial keys.
+    omit_at_default: ClassVar[frozenset[str]] = frozenset()
+    # For each aux term the family can produce, the `model.params` setting that makes it do so: the
+    # hint in the error when a study weights a term (train.ponder_lambda, ...) its config lacks.
+    aux_term_sources: ClassVar[dict[str, str]] = {}
+
+    @model_serializer(mode="wrap")
+    def _omit_new_knobs_at_default(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            for name in self.omit_at_default:
+                if name in data and getattr(self, name) == type(self).model_fields[name].default:
+                    del data[name]
+        return data
+
+    def aux_terms(self) -> set[str]:
+        """Names of the raw aux terms (ModelOutput.aux) a model built from these params returns."""
+        return set()
+
+    def grad_norm_groups(self) -> set[str]:
+        """Parameter groups whose gradient norm the trainer records as `{group}_grad_norm`."""
+        return set()
+
+    def diagnostic_names(self) -> set[str]:
+        """Every name the model may put in ModelOutput.diagnostics (at the trained depth)."""
+        return set()
+
+    def metric_names(self) -> set[str]:
+        """Every metric this config adds to the trainer's vocabulary: its diagnostics, the trainer's
+        records of its aux terms and gradient groups, and halt_collapsed for a halting model. A built
+        model carries this set as its `diagnostic_names` attribute (what a study's metric.name is
+        checked against)."""
+        names = self.diagnostic_names()
+        halting = {"halt_collapsed"} if "ponder_steps_fraction" in names else set()
+        return names | halting | aux_metric_names(self.aux_terms()) | grad_norm_metric_names(self.grad_norm_groups())
+
     @model_validator(mode="after")
     def _heads_fit_width(self) -> CoreParams:
         if self.d_model % self.n_heads:
@@ -57,10 +98,29 @@ class CoreParams(BaseModel):
         return self
 
 
-def make_norm(p: CoreParams) -> nn.Module:
+class Derf(nn.Module):
+    """Derf, a normalisation-free "norm": y = erf(a * x + s), per feature (Chen et al. 2025; seed 003).
+
+    Read from the seed-003 authors' code (the paper's math was lost): a ~ 1 + N(0, 0.02^2), s = 0, and
+    no affine gain/bias after the erf. erf saturates at +-1, so it bounds activations the way a norm
+    bounds their scale, without computing statistics over the features."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.alpha = nn.Parameter(1 + 0.02 * torch.randn(dim))
+        self.shift = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.erf(self.alpha * x + self.shift)
+
+
+def make_norm(p: CoreParams, dim: int | None = None) -> nn.Module:
+    dim = dim or p.d_model
     if p.norm == "rmsnorm":
-        return nn.RMSNorm(p.d_model)
-    return nn.LayerNorm(p.d_model, bias=p.bias)
+        return nn.RMSNorm(dim)
+    if p.norm == "derf":
+        return Derf(dim)
+    return nn.LayerNorm(dim, bias=p.bias)
 
 
 class ResidualProj(nn.Linear):
@@ -83,10 +143,16 @@ class Rotary(nn.Module):
         self.register_buffer("cos", torch.cat([angles.cos()] * 2, dim=-1), persistent=False)
         self.register_buffer("sin", torch.cat([angles.sin()] * 2, dim=-1), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (B, T, ..., D), time on dim 1 as the qkv projection lays it out: q and k rotate in one pass."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, T, ..., D), time on dim 1 as the qkv projection lays it out: q and k rotate in one pass.
+
+        `positions` (T,) gives each token's index; default 0..T-1. A memory-token prefix numbers its
+        slots 0..M-1 and the sequence 0..T-1 independently (seed 003)."""
         shape = (x.shape[1],) + (1,) * (x.dim() - 3) + (x.shape[-1],)
-        cos, sin = self.cos[: x.shape[1]].view(shape), self.sin[: x.shape[1]].view(shape)
+        if positions is None:
+            cos, sin = self.cos[: x.shape[1]].view(shape), self.sin[: x.shape[1]].view(shape)
+        else:
+            cos, sin = self.cos[positions].view(shape), self.sin[positions].view(shape)
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
@@ -100,15 +166,20 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(p.d_model, 3 * p.d_model, bias=p.bias)  # one matmul instead of three
         self.proj = ResidualProj(p.d_model, p.d_model, bias=p.bias)
         self.rotary = rotary
+        # Diagnostics hook: called with the (B, H, T, D) queries and keys when set (evaluation only;
+        # the fused kernel does not return attention weights, so a probe recomputes what it needs).
+        self.probe: Callable[[torch.Tensor, torch.Tensor, bool], None] | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         b, t, d = x.shape
         qkv = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads)
         if self.rotary is not None:
-            qk, v = self.rotary(qkv[:, :, :2]), qkv[:, :, 2]
+            qk, v = self.rotary(qkv[:, :, :2], positions), qkv[:, :, 2]
             q, k = qk.unbind(2)
         else:
             q, k, v = qkv.unbind(2)
+        if self.probe is not None:
+            self.probe(q.transpose(1, 2), k.transpose(1, 2), self.causal)
         # Strided (B, H, T, D) views, no copies: the CPU flash kernel takes them as they are.
         y = F.scaled_dot_product_attention(
             q.transpose(1, 2),
@@ -139,8 +210,8 @@ class Block(nn.Module):
         self.norm2, self.mlp = make_norm(p), MLP(p)
         self.drop = nn.Dropout(p.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.norm1(x)))
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), positions))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
@@ -188,7 +259,10 @@ def init_weights(model: nn.Module, p: CoreParams, depth: int) -> None:
     init (`linear_init: torch`, the notes' setting; at d_model=64 its std is ~0.07, and p-hop learned
     about twice as fast as with GPT-2 init here), or with `linear_init: gpt2` are normal(0, init_std),
     biases zero, `ResidualProj` weights further scaled by 1/sqrt(2*depth) so the residual stream's
-    variance does not grow with depth."""
+    variance does not grow with depth.
+
+    Mechanism modules whose paper prescribes an init (halting routers, memory gates: zero weights and
+    a set bias) define `init_mechanism()`; it runs last, so neither rule above overrides it."""
     std = p.init_std
     residual_std = std / math.sqrt(2 * depth)
     for module in model.modules():
@@ -198,3 +272,6 @@ def init_weights(model: nn.Module, p: CoreParams, depth: int) -> None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, 0.0, std)
+    for module in model.modules():
+        if hasattr(module, "init_mechanism"):
+            module.init_mechanism()

@@ -6,12 +6,31 @@ from dataclasses import dataclass, field
 
 import torch
 
+# The auxiliary terms a family may return, each with the `train.*` knobs that weight it. A family
+# returns the raw term; the trainer applies the weight and its schedule (train/schedules.py); the
+# compiler rejects a knob for a term the cell's family does not produce.
+AUX_TERMS: dict[str, tuple[str, ...]] = {
+    "ponder": ("ponder_lambda", "ponder_lambda_warmup_steps"),  # halting cost (ACT N+R, PonderNet steps)
+    "regulariser": ("regulariser_lambda",),  # looping regulariser: distance between blocks l and l+k
+}
+
+
+def aux_metric_names(terms: set[str]) -> set[str]:
+    """Names the trainer records for a model's aux terms: the raw term's train-window mean and its weight."""
+    return {f"train_{t}" for t in terms} | {f"{t}_weight" for t in terms}
+
+
+def grad_norm_metric_names(groups: set[str]) -> set[str]:
+    """Names the trainer records for a model's gradient-norm groups (e.g. 'router' -> router_grad_norm)."""
+    return {f"{g}_grad_norm" for g in groups}
+
 
 @dataclass
 class ModelOutput:
     logits: torch.Tensor  # (B, T, vocab)
-    # Ponder cost, consistency loss, regulariser...; a zero scalar when the family has none.
-    # The trainer adds it to the task loss unweighted: families apply their own coefficients.
-    aux_loss: torch.Tensor
+    # Raw, unweighted auxiliary scalars by name (keys of AUX_TERMS); empty when the family has none.
+    # The trainer weights and schedules them from the study file's `train` section.
+    aux: dict[str, torch.Tensor] = field(default_factory=dict)
     # Flat scalar diagnostics (halting probabilities, gate values, ...), logged as metrics by name.
+    # Filled only when forward is called with diagnose=True (the trainer does so at evaluation).
     diagnostics: dict[str, float] = field(default_factory=dict)

@@ -11,8 +11,10 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
 from .driver_callback import DriverCallback
+from .recorder import _error_text
 
 
 class ProgressDisplay(DriverCallback):
@@ -83,5 +85,6 @@ class ProgressDisplay(DriverCallback):
         self.running.discard(key)
         self.done_steps[key] = self.steps_by_key[key]  # nothing more will run for it
         self.failed += 1
-        self.progress.console.print(f"[red]failed[/] {key}")
+        first = _error_text(trial).splitlines()[0]
+        self.progress.console.print(Text.assemble(("failed ", "red"), key, ": ", first), highlight=False)
         self._refresh()

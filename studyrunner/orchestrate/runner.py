@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import StudyrunnerError
 from ..spec import CompiledStudy
 from ..store import CurveStore, Ledger
 from ..workspace import Workspace
+from .capacity import check_cluster_fits, trial_resources
 from .progress import ProgressDisplay
 from .recorder import Recorder
 from .tracking import Tracker
@@ -46,6 +48,10 @@ def _quiet_ray_env() -> None:
     # study resumes: resubmitting the study file is. The CLI says so itself.
     for name in ("ray.tune.tune", "ray.tune.analysis.experiment_analysis"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # A failed trial is shown as one line by the progress display; its full traceback is in the ledger
+    # and MLflow, not repeated ~30 lines deep on the console for every attempt.
+    for name in ("ray.tune.execution.tune_controller", "ray.tune.tune"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def _check_reachable(address: str) -> None:
@@ -103,38 +109,28 @@ def submit(
 ) -> SubmitResult:
     console = console or Console(stderr=True)
     study = compiled.study
+    # Every location is checked before anything is written, so a bad one leaves no trace.
+    workspace.check_storage()
     workspace.ensure()
     ledger = Ledger(workspace.db_url)
+    tracker = Tracker(workspace.tracking_uri)
+
     reg = ledger.register(compiled)
     result = SubmitResult(study.name, len(compiled.trials), skipped=reg.skipped)
     console.print(
-        f"[bold]{study.name}[/]: {len(compiled.cells)} cells x {len(study.seeds)} seeds = "
+        f"[bold]{escape(study.name)}[/]: {len(compiled.cells)} cells x {len(study.seeds)} seeds = "
         f"{len(compiled.trials)} trials; {len(reg.skipped)} already succeeded (skipped), "
         f"{len(reg.to_run)} to run"
     )
     if not reg.to_run:
         return result
-
-    tracker = Tracker(workspace.tracking_uri)
-    try:
-        experiment_id = tracker.experiment(study.name, workspace.artifact_location(study.name), study.description)
-    except Exception as exc:  # noqa: BLE001 - MLflow surfaces store errors under many types
-        first = str(exc).strip().splitlines()[0]
-        raise StudyrunnerError(f"cannot use MLflow tracking store {workspace.tracking_uri!r}: {first}") from None
-    ledger.set_experiment(study.name, experiment_id)
     pending = set(reg.to_run)
     to_run = [t for t in compiled.trials if t.trial_key in pending]
-    known_parents = {c.cell_hash: c.mlflow_run_id for c in ledger.cells(study.name)}
-    parent_runs: dict[str, str] = {}
-    for cell in compiled.cells:
-        if any(t.cell_hash == cell.cell_hash for t in to_run):
-            run_id = tracker.cell_run(experiment_id, study, cell, known_parents.get(cell.cell_hash))
-            if run_id != known_parents.get(cell.cell_hash):
-                ledger.set_cell_run(study.name, cell.cell_hash, run_id)
-            parent_runs[cell.cell_hash] = run_id
 
     started_ray = ensure_ray(address)
     try:
+        check_cluster_fits(study.resources)
+        experiment_id, parent_runs = _open_tracking(compiled, to_run, ledger, tracker, workspace)
         started = time.perf_counter()
         recorder = Recorder(compiled, ledger, tracker, CurveStore(workspace.storage), experiment_id, parent_runs)
         _fit(
@@ -163,6 +159,26 @@ def submit(
     return result
 
 
+def _open_tracking(compiled, to_run, ledger: Ledger, tracker: Tracker, workspace: Workspace):
+    """The study's MLflow experiment and a parent run per cell that has trials to run."""
+    study = compiled.study
+    try:
+        experiment_id = tracker.experiment(study.name, workspace.artifact_location(study.name), study.description)
+    except Exception as exc:  # noqa: BLE001 - MLflow surfaces store errors under many types
+        first = str(exc).strip().splitlines()[0]
+        raise StudyrunnerError(f"cannot use MLflow tracking store {workspace.tracking_uri!r}: {first}") from None
+    ledger.set_experiment(study.name, experiment_id)
+    known_parents = {c.cell_hash: c.mlflow_run_id for c in ledger.cells(study.name)}
+    parent_runs: dict[str, str] = {}
+    for cell in compiled.cells:
+        if any(t.cell_hash == cell.cell_hash for t in to_run):
+            run_id = tracker.cell_run(experiment_id, study, cell, known_parents.get(cell.cell_hash))
+            if run_id != known_parents.get(cell.cell_hash):
+                ledger.set_cell_run(study.name, cell.cell_hash, run_id)
+            parent_runs[cell.cell_hash] = run_id
+    return experiment_id, parent_runs
+
+
 def _fit(
     study, to_run, recorder: Recorder, storage_path: str, *, max_concurrent, max_failures, console, show_progress
 ) -> None:
@@ -185,7 +201,7 @@ def _fit(
         for t in to_run
     ]
     tuner = tune.Tuner(
-        tune.with_resources(trainable, {"cpu": study.resources.cpu, "gpu": study.resources.gpu}),
+        tune.with_resources(trainable, trial_resources(study.resources)),
         param_space={"trial": tune.grid_search(payloads)},
         tune_config=tune.TuneConfig(
             reuse_actors=True,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import time
 from functools import cache
@@ -47,8 +48,11 @@ class Tracker:
         self.uri = tracking_uri
         if tracking_uri.startswith("sqlite:///"):
             Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        if tracking_uri.split(":", 1)[0].split("+")[0] in ("sqlite", "postgresql", "mysql", "mssql"):
+        scheme = tracking_uri.split(":", 1)[0].split("+")[0]
+        if scheme in ("sqlite", "postgresql", "mysql", "mssql"):
             self._check_reachable(tracking_uri)
+        elif scheme in ("http", "https"):
+            self._check_server(tracking_uri)
         try:
             self.client = MlflowClient(tracking_uri)
         except Exception as exc:  # noqa: BLE001 - MLflow raises many types for a bad URI
@@ -65,6 +69,26 @@ class Tracker:
         except Exception as exc:  # noqa: BLE001 - drivers raise their own types
             first = str(exc).strip().splitlines()[0]
             raise StudyrunnerError(f"cannot open MLflow tracking store {uri!r}: {first}") from None
+
+    @staticmethod
+    def _check_server(uri: str) -> None:
+        """MLflow's HTTP client retries a dead server with backoff for minutes; ask once, briefly."""
+        import urllib.error
+        import urllib.request
+
+        # Fewer, shorter retries for the rest of the run too (the user's own settings win).
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
+        except urllib.error.HTTPError:
+            pass  # something answers; MLflow itself will say if it is not a tracking server
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise StudyrunnerError(
+                f"cannot reach MLflow tracking server {uri!r}: {reason} "
+                "(start it, or check --tracking-uri / MLFLOW_TRACKING_URI)"
+            ) from None
 
     def experiment(self, study: str, artifact_location: str, description: str = "") -> str:
         exp = self.client.get_experiment_by_name(study)

@@ -11,6 +11,7 @@ import copy
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,11 @@ from pydantic import BaseModel, ValidationError
 from ..models import get_family
 from ..tasks import get_task
 from .errors import describe, spec_error
+from .feasibility import check_feasible
+from .knobs import knob_problem
 from .schema import EvalSection, Study, TrainSection
+
+MAX_TRIALS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,8 @@ class CompiledStudy:
     study: Study
     cells: list[Cell]
     trials: list[Trial] = field(default_factory=list)
+    # Suspicious but runnable settings, one line each (`file:line: field: message`); shown, never fatal.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def axes(self) -> list[str]:
@@ -92,6 +99,9 @@ def _validate(model: type[BaseModel], data: Any, prefix: tuple) -> dict[str, Any
 
 def resolve(raw: dict[str, Any]) -> dict[str, Any]:
     """Validate one cell's raw {task, model, train, eval} and fill every default."""
+    for loc in (("task", "name"), ("model", "family")):
+        if not isinstance(raw[loc[0]].get(loc[1]), str):
+            raise _Invalid(loc, f"must be a name (a string), got {raw[loc[0]].get(loc[1])!r}")
     try:
         task = get_task(raw["task"]["name"])
     except KeyError as exc:
@@ -103,7 +113,7 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
     for section in ("task", "model"):
         if not isinstance(raw[section].get("params", {}), dict):
             raise _Invalid((section, "params"), "must be a mapping of parameter names to values")
-    return {
+    resolved = {
         "task": {
             "name": task.name,
             "params": _validate(task.params_model, raw["task"].get("params", {}), ("task", "params")),
@@ -115,6 +125,9 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
         "train": _validate(TrainSection, raw["train"], ("train",)),
         "eval": _validate(EvalSection, raw["eval"], ("eval",)),
     }
+    if problem := knob_problem(family, resolved):  # e.g. train.ponder_lambda on a family without halting
+        raise _Invalid(*problem)
+    return resolved
 
 
 def set_path(config: dict[str, Any], path: str, value: Any) -> None:
@@ -173,12 +186,24 @@ def compile_study(study: Study) -> CompiledStudy:
             cell_config(row, where=("zip", g, paths[0], i))
         axes.append(rows)
 
+    combos = math.prod(len(axis) for axis in axes)
+    if combos * len(study.seeds) > MAX_TRIALS:
+        raise spec_error(
+            source,
+            node,
+            ("grid",),
+            f"{combos:,} cells x {len(study.seeds)} seeds = {combos * len(study.seeds):,} trials; "
+            f"a study holds at most {MAX_TRIALS:,}: split it or use fewer axis values",
+        )
     excluded = [{p: canonical_json(v) for p, v in partial.items()} for partial in study.exclude]
+    used = [False] * len(excluded)
     cells: list[Cell] = []
     seen: dict[str, str] = {}
     for combo in itertools.product(*axes):
         overrides = {k: v for part in combo for k, v in part.items()}
-        if any(all(canonical_json(overrides[p]) == v for p, v in ex.items()) for ex in excluded):
+        hits = [all(canonical_json(overrides[p]) == v for p, v in ex.items()) for ex in excluded]
+        if any(hits):
+            used = [u or h for u, h in zip(used, hits, strict=True)]
             continue
         config = cell_config(overrides, where=None)
         h = config_hash(config)
@@ -197,4 +222,11 @@ def compile_study(study: Study) -> CompiledStudy:
         for c in cells
         for s in study.seeds
     ]
-    return CompiledStudy(study, cells, trials)
+    warnings = [
+        str(spec_error(source, node, ("exclude", i), "matches no cell; check its values against the axes"))
+        for i, hit in enumerate(used)
+        if not hit
+    ]
+    compiled = CompiledStudy(study, cells, trials, warnings)
+    check_feasible(compiled)
+    return compiled

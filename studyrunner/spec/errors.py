@@ -70,6 +70,8 @@ def describe(err: ValidationError, model: type[BaseModel], prefix: tuple[Any, ..
         msg = "unknown key" + (f"; valid keys: {', '.join(valid)}" if valid else "")
     elif kind == "missing":
         msg = "required field is missing"
+    elif kind == "value_error":  # our own validators' messages already say what they got
+        msg = first["msg"].removeprefix("Value error, ")
     else:
         msg = first["msg"]
         if "input" in first and not isinstance(first["input"], dict):

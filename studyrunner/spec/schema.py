@@ -8,13 +8,32 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from ..params import StrictParams
 
 AXIS_ROOTS = ("task", "model", "train", "eval")
+MAX_SEED = 2**31 - 1  # the ledger's INTEGER column on PostgreSQL is 32-bit
+MAX_EVAL_EXAMPLES = 1_000_000
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Strict(StrictParams):
+    """Study-file sections: strict types (see `studyrunner.params`), unknown keys rejected."""
+
+
+def _omit_unset(data: Any, names: frozenset[str]) -> Any:
+    """Knobs added after studies were run stay out of dumps (so of resolved configs and cell hashes)
+    while unset (None): a cell that does not use a new knob keeps its cell_hash and trial keys."""
+    if isinstance(data, dict):
+        return {k: v for k, v in data.items() if not (k in names and v is None)}
+    return data
 
 
 class TaskSection(Strict):
@@ -27,6 +46,9 @@ class ModelSection(Strict):
     params: dict[str, Any] = Field(default_factory=dict, description="Family parameters (per-family schema).")
 
 
+_AUX_WEIGHT_KNOBS = frozenset({"ponder_lambda", "ponder_lambda_warmup_steps", "regulariser_lambda"})
+
+
 class TrainSection(Strict):
     steps: int = Field(ge=1, description="Optimizer steps.")
     batch_size: int = Field(64, ge=1)
@@ -37,6 +59,25 @@ class TrainSection(Strict):
     betas: tuple[float, float] = Field((0.9, 0.98), description="AdamW betas.")
     grad_clip: float = Field(1.0, ge=0, description="Global grad-norm clip; 0 turns clipping off.")
     log_every: int = Field(20, ge=1, description="Steps between train_loss/lr/throughput records.")
+    # Weights of the model's auxiliary terms (models/output.py AUX_TERMS). Unset = 0; setting one for
+    # a term the cell's family does not produce is an error at validate time.
+    ponder_lambda: float | None = Field(
+        None, ge=0, le=1e3, description="Weight of the halting (ponder) cost; seed 003 used 0 and 0.001."
+    )
+    ponder_lambda_warmup_steps: int | None = Field(
+        None, ge=0, description="ponder_lambda rises linearly from 0 over these steps; 0 = constant from step 1."
+    )
+    regulariser_lambda: float | None = Field(
+        None,
+        ge=-1e3,
+        le=1e3,
+        description="Weight of the looping regulariser (seed 002 used 1 and 10); positive pulls blocks "
+        "together, negative is the paper's equation read literally.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_knobs(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _omit_unset(handler(self), _AUX_WEIGHT_KNOBS)
 
     @field_validator("betas")
     @classmethod
@@ -54,12 +95,41 @@ class TrainSection(Strict):
 
 class EvalSection(Strict):
     every: int = Field(100, ge=1, description="Evaluate every N steps (and always at the last step).")
-    examples: int = Field(512, ge=1, description="Held-out examples per eval split.")
+    examples: int = Field(
+        512, ge=1, le=MAX_EVAL_EXAMPLES, description="Held-out examples per eval split (generated in memory)."
+    )
+    loops: list[int] | None = Field(
+        None,
+        min_length=1,
+        description="Test-time depth: after training, evaluate at each of these loop counts too (more than "
+        "trained included), logging eval_accuracy_loops_{n} and eval_exact_match_loops_{n}.",
+    )
+    halt_collapse_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Final metric halt_collapsed = 1 when the final mean halting depth is below this "
+        "fraction of loops (the shallow-halt trap); unset = 0.5. Halting families only.",
+    )
+
+    @field_validator("loops")
+    @classmethod
+    def _loops_positive(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (any(n < 1 or n > 4096 for n in v) or len(set(v)) != len(v)):
+            raise ValueError("loop counts must be distinct and between 1 and 4096")
+        return v
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_knobs(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _omit_unset(handler(self), frozenset({"loops", "halt_collapse_fraction"}))
 
 
 class Resources(Strict):
     cpu: float = Field(1, gt=0, description="CPUs per trial (also the trial's torch thread count).")
     gpu: float = Field(0, ge=0, description="GPUs per trial; fractions share a GPU.")
+    memory_gb: float | None = Field(
+        None, gt=0, description="Memory reserved per trial (Ray scheduling); unset reserves none."
+    )
 
 
 class MetricSpec(Strict):
@@ -105,58 +175,11 @@ class Study(Strict):
 
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
-    @field_validator("grid")
-    @classmethod
-    def _grid_axes(cls, grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        for path, values in grid.items():
-            _check_axis_path(path)
-            if not values:
-                raise ValueError(f"axis {path!r} has no values; give at least one")
-        return grid
-
-    @field_validator("zip")
-    @classmethod
-    def _zip_groups(cls, groups: list[dict[str, list[Any]]]) -> list[dict[str, list[Any]]]:
-        for i, group in enumerate(groups):
-            if not group:
-                raise ValueError(f"group {i} is empty; give at least one path")
-            lengths = {path: len(values) for path, values in group.items()}
-            for path in group:
-                _check_axis_path(path)
-            if len(set(lengths.values())) != 1 or 0 in lengths.values():
-                raise ValueError(f"group {i}: value lists must be non-empty and of equal length, got {lengths}")
-        return groups
-
     @field_validator("seeds")
     @classmethod
     def _seeds_unique(cls, seeds: list[int]) -> list[int]:
         if len(set(seeds)) != len(seeds):
             raise ValueError("seeds must be unique")
-        if any(s < 0 for s in seeds):
-            raise ValueError("seeds must be >= 0")
+        if any(s < 0 or s > MAX_SEED for s in seeds):
+            raise ValueError(f"seeds must be between 0 and {MAX_SEED} (what the ledger stores and torch accepts)")
         return seeds
-
-    @model_validator(mode="after")
-    def _axes_distinct(self) -> Study:
-        seen: set[str] = set(self.grid)
-        for group in self.zip:
-            for path in group:
-                if path in seen:
-                    raise ValueError(f"path {path!r} is varied twice (grid and zip, or two zip groups)")
-                seen.add(path)
-        for i, partial in enumerate(self.exclude):
-            unknown = sorted(set(partial) - seen)
-            if unknown:
-                raise ValueError(
-                    f"exclude[{i}] names {unknown}, which no grid or zip axis varies; "
-                    f"varied paths: {sorted(seen) or 'none'}"
-                )
-        return self
-
-
-def _check_axis_path(path: str) -> None:
-    parts = path.split(".")
-    if parts[0] not in AXIS_ROOTS or len(parts) < 2 or not all(parts):
-        raise ValueError(
-            f"axis {path!r} is not a dotted path under {', '.join(AXIS_ROOTS)} (e.g. 'model.params.loops')"
-        )

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy import func, inspect, select
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import StudyrunnerError
@@ -27,17 +27,49 @@ class Registration:
     new: int  # trial rows inserted by this registration
 
 
+def _sqlite_path(url: str) -> Path | None:
+    return Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+
+
 class Ledger:
-    def __init__(self, url: str):
+    """Open the ledger at `url`. `create=False` (read-only commands) opens an existing ledger only,
+    so a mistyped --db or workspace says so instead of looking like an empty ledger."""
+
+    def __init__(self, url: str, create: bool = True):
         self.url = url
-        if url.startswith("sqlite:///"):
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        path = _sqlite_path(url)
+        if not create and path is not None and not path.is_file():
+            raise StudyrunnerError(
+                f"no results ledger at {str(path)!r}: nothing was submitted with this workspace "
+                "(check --db / --workspace / STUDYRUNNER_HOME, or run: studyrunner submit FILE)"
+            )
         try:
+            if create and path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
             self.engine = make_engine(url)
-            Base.metadata.create_all(self.engine)
-        except (ArgumentError, OperationalError) as exc:
-            first = str(exc.args[0]).strip().splitlines()[0]
-            raise StudyrunnerError(f"cannot open results database {url!r}: {first}") from None
+            if create:
+                Base.metadata.create_all(self.engine)
+            elif not inspect(self.engine).has_table(TrialRow.__tablename__):
+                raise StudyrunnerError(
+                    f"{url!r} holds no studyrunner ledger (check --db / STUDYRUNNER_DB, or submit a study first)"
+                )
+        except StudyrunnerError:
+            raise
+        except NoSuchModuleError:
+            raise StudyrunnerError(
+                f"cannot open results database {url!r}: not a database URL SQLAlchemy knows "
+                "(--db / STUDYRUNNER_DB); use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
+            ) from None
+        except ImportError as exc:
+            raise StudyrunnerError(
+                f"--db / STUDYRUNNER_DB: cannot open {url!r}: its database driver is not installed ({exc}); "
+                "install it (postgresql: EXTRAS=dev,postgres ./setup.sh) or use sqlite:///PATH"
+            ) from None
+        except (ArgumentError, SQLAlchemyError, OSError) as exc:
+            first = str(exc.args[0] if exc.args else exc).strip().splitlines()[0]
+            raise StudyrunnerError(
+                f"cannot open results database {url!r}: {first} (check --db / STUDYRUNNER_DB)"
+            ) from None
         self._session = sessionmaker(self.engine, expire_on_commit=False)
 
     def session(self) -> Session:

@@ -5,23 +5,27 @@ notes found reversed answers learnable; `reverse_answer: false` gives the paper'
 Teacher-forced: the loss and metrics cover the answer digits only, so exact match under teacher
 forcing equals greedy-decoding exact match. Every batch has one operand count, so nothing is padded;
 evaluation reports each count in `eval_operands` as its own split (`_n8`), unseen counts included.
+Held-out examples: a fixed hash of the operand tuple sends 1 in 16 tuples to evaluation; training redraws
+any tuple that lands there, so no eval problem is ever trained on (`holdout.py`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from ..params import StrictParams
 from .base import Batch, Task, TaskFacts
+from .holdout import HOLDOUT, draw
 from .registry import register_task
 
 PLUS, EQUALS = 10, 11
+_SALT = 0xADD  # the train/eval partition of operand tuples
+MIN_EVAL_SPACE = 1000  # operand tuples per eval count, so the held-out 1/16 is never empty
 
 
-class AdditionParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class AdditionParams(StrictParams):
     digits: int = Field(3, ge=1, le=6, description="Digits per operand (zero-padded).")
     train_operands: list[int] = Field([2], min_length=1, description="Operand counts mixed in training.")
     eval_operands: list[int] = Field([2], min_length=1, description="Operand counts evaluated, one split each.")
@@ -33,6 +37,17 @@ class AdditionParams(BaseModel):
         if any(c < 2 or c > 64 for c in counts):
             raise ValueError("operand counts must be between 2 and 64")
         return sorted(set(counts))
+
+    @model_validator(mode="after")
+    def _eval_space(self) -> AdditionParams:
+        small = [n for n in self.eval_operands if 10 ** (self.digits * n) < MIN_EVAL_SPACE]
+        if small:
+            raise ValueError(
+                f"eval operand count {small[0]} with {self.digits}-digit operands has only "
+                f"{10 ** (self.digits * small[0])} distinct problems; at least {MIN_EVAL_SPACE} (digits x operands >= 3) "
+                f"are needed so that the held-out 1/{HOLDOUT} of them is never empty"
+            )
+        return self
 
 
 class Addition(Task):
@@ -57,8 +72,11 @@ class Addition(Task):
             answer = answer[:, ::-1]
         return np.concatenate([prompt, answer], axis=1)
 
-    def _batch(self, rng: np.random.Generator, count: int, n: int) -> Batch:
-        seq = torch.from_numpy(self.sequences(rng.integers(0, 10**self.p.digits, size=(count, n))))
+    def _batch(self, rng: np.random.Generator, count: int, n: int, want_eval: bool) -> Batch:
+        """Operand tuples from one side of the fixed train/eval partition (see `holdout`)."""
+        high = 10**self.p.digits
+        (operands,) = draw(lambda r, k: (r.integers(0, high, size=(k, n)),), rng, count, _SALT, want_eval)
+        seq = torch.from_numpy(self.sequences(operands))
         inputs, targets = seq[:, :-1], seq[:, 1:]
         mask = torch.zeros_like(targets, dtype=torch.bool)
         mask[:, -self.answer_digits :] = True
@@ -67,11 +85,18 @@ class Addition(Task):
     def train_batch(self, step: int, batch_size: int) -> Batch:
         rng = np.random.default_rng([self.seed, step, 0xADD])
         n = int(rng.choice(self.p.train_operands))
-        return self._batch(rng, batch_size, n)
+        return self._batch(rng, batch_size, n, want_eval=False)
+
+    def split_names(self) -> list[str]:
+        return [f"n{n}" for n in self.p.eval_operands]
+
+    def eval_capacity(self) -> int | None:
+        distinct = 10 ** (self.p.digits * min(self.p.eval_operands)) // HOLDOUT  # the held-out share
+        return distinct if distinct < 10**9 else None
 
     def eval_sets(self, examples: int) -> dict[str, Batch]:
         return {
-            f"n{n}": self._batch(np.random.default_rng([0xE7A1, n, self.p.digits]), examples, n)
+            f"n{n}": self._batch(np.random.default_rng([0xE7A1, n, self.p.digits]), examples, n, want_eval=True)
             for n in self.p.eval_operands
         }
 

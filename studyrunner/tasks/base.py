@@ -50,9 +50,28 @@ class Task:
     def train_batch(self, step: int, batch_size: int) -> Batch:
         raise NotImplementedError
 
+    # Names of what `metrics` returns (besides `loss`); each is reported as eval_<name>[_<split>].
+    metric_kinds: tuple[str, ...] = ("accuracy", "exact_match")
+
     def eval_sets(self, examples: int) -> dict[str, Batch]:
         """Held-out splits, keyed by split suffix ('' for a task with one split, e.g. 'n8')."""
         raise NotImplementedError
+
+    def split_names(self) -> list[str]:
+        """The keys `eval_sets` returns, known without generating data (checked at validate time)."""
+        return [""]
+
+    def eval_capacity(self) -> int | None:
+        """Distinct eval problems per split, where finite and small enough to matter; None otherwise.
+        Asking for more eval examples than this is warned about (the eval set would repeat)."""
+        return None
+
+    def reported_metrics(self) -> set[str]:
+        """Every eval metric name a trial of this task reports: unsuffixed always, per split as well."""
+        kinds = ("loss", *self.metric_kinds)
+        names = {f"eval_{k}" for k in kinds}
+        names |= {f"eval_{k}_{split}" for k in kinds for split in self.split_names() if split}
+        return names
 
     def loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         """Mean cross-entropy over the scored positions."""

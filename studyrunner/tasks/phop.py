@@ -6,22 +6,31 @@ answer is v[find_p(v, n)]. The model reads the n tokens and predicts the answer 
 
 The paper leaves the filler rule open. As the engineering notes recommend, the hop chain is built
 explicitly right-to-left (so the answer always exists), gap interiors avoid the searched token, and
-every batch is checked against the formal definition before it is used.
+every batch is checked against the formal definition before it is used. Held-out examples: a fixed
+hash of the sequence sends 1 in 16 sequences to evaluation; training redraws any sequence that lands
+there, so no eval sequence is ever trained on (`holdout.py`).
 """
 
 from __future__ import annotations
 
+import math
+from functools import lru_cache
+
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from ..params import StrictParams
 from .base import Batch, Task, TaskFacts
+from .holdout import HOLDOUT, draw
 from .registry import register_task
 
 
-class PhopParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+MIN_SPACE_BITS = 12  # at least 4096 distinct sequences, so the held-out 1/16 is never empty
+_SALT = 0x70
 
+
+class PhopParams(StrictParams):
     alphabet: int = Field(4, ge=2, le=256, description="|Sigma|, the number of distinct tokens.")
     seq_len: int = Field(32, ge=4, le=8192, description="n, the sequence length.")
     hops: int = Field(2, ge=1, le=1024, description="p, the number of hops.")
@@ -30,7 +39,36 @@ class PhopParams(BaseModel):
     def _chain_fits(self) -> PhopParams:
         if 2 * self.hops + 2 > self.seq_len:
             raise ValueError(f"a {self.hops}-hop chain needs seq_len >= {2 * self.hops + 2}, got {self.seq_len}")
+        bits = space_bits(self.alphabet, self.seq_len, self.hops)
+        if bits < MIN_SPACE_BITS - 1e-6:
+            raise ValueError(
+                f"alphabet {self.alphabet}, seq_len {self.seq_len}, hops {self.hops} gives about 2^{bits:.1f} distinct "
+                f"sequences; at least 2^{MIN_SPACE_BITS} are needed so that the held-out 1/{HOLDOUT} is never empty "
+                "(raise alphabet or seq_len)"
+            )
         return self
+
+
+@lru_cache(maxsize=64)
+def space_bits(alphabet: int, n: int, p: int) -> float:
+    """log2 of the number of distinct sequences the generator can make.
+
+    A sequence determines its chain (the formal definition recovers it), so the count is a sum over the
+    chain's span s (the sum of the gaps, N(s) gap vectors each) of: the chain tokens a(a-1)^p, the
+    s + 1 - 2p gap interiors (a-1 choices each) and the n - s - 2 free positions before the chain (a choices each)."""
+    max_gap = max(2, int(1.6 * (n - 1) / p))
+    count = np.zeros(n - 1)  # gap vectors by span, scaled by (max_gap - 1)^-p to stay finite
+    count[0] = 1.0
+    step = np.full(max_gap - 1, 1.0 / (max_gap - 1))
+    for _ in range(p):
+        count = np.concatenate([np.zeros(2), np.convolve(count, step)])[: n - 1]
+    spans = np.flatnonzero(count > 0)
+    head = math.log2(alphabet) + p * math.log2(alphabet - 1)
+    if len(spans) == 0:  # underflow (very long chains): count one gap vector and the interiors only
+        return head + (n - 2 * p - 1) * math.log2(alphabet - 1)
+    w = (n - spans - 2) * math.log2(alphabet) + (spans + 1 - 2 * p) * math.log2(alphabet - 1) + np.log2(count[spans])
+    top = float(w.max())
+    return head + p * math.log2(max_gap - 1) + top + math.log2(float(np.exp2(w - top).sum()))
 
 
 def hop_answer(seq: list[int], p: int) -> int | None:
@@ -65,14 +103,50 @@ def hop_answers(v: np.ndarray, p: int) -> np.ndarray:
     return np.where(alive, v[rows, cur], -1)
 
 
+MIN_ACCEPTANCE = 0.05  # below this, rejection sampling of hop gaps is replaced by a bounded sampler
+
+
+@lru_cache(maxsize=64)
+def gap_acceptance(n: int, p: int) -> float:
+    """P(sum of p gaps, each uniform on [2, max_gap], leaves the chain inside the sequence)."""
+    max_gap = max(2, int(1.6 * (n - 1) / p))
+    budget = n - 2  # the chain's last position must stay >= 2
+    dist = np.zeros(budget + 1)
+    dist[0] = 1.0
+    step = np.full(max_gap - 1, 1.0 / (max_gap - 1))  # offsets 2..max_gap
+    for _ in range(p):
+        dist = np.concatenate([np.zeros(2), np.convolve(dist, step)])[: budget + 1]
+    return float(dist.sum())
+
+
+def _gaps(rng: np.random.Generator, count: int, n: int, p: int) -> np.ndarray:
+    """Gaps between consecutive chain positions, (count, p), each in [2, max_gap], summing to <= n - 2.
+
+    Where random gaps fit often (acceptance >= 5%, e.g. ~75% at n=32, p=2) chains that run off the
+    start are rejected, so gaps are i.i.d. uniform given that they fit. Where they almost never fit
+    (long chains in short sequences, e.g. p=30 at n=62, where rejection would never finish), each gap
+    is drawn uniformly from what the budget left for the remaining gaps allows, in a random order:
+    always done in p draws, with a slightly different gap distribution."""
+    max_gap = max(2, int(1.6 * (n - 1) / p))
+    if gap_acceptance(n, p) >= MIN_ACCEPTANCE:
+        gaps = np.empty((0, p), dtype=np.int64)
+        while len(gaps) < count:
+            draw = rng.integers(2, max_gap + 1, size=(2 * count, p))
+            gaps = np.concatenate([gaps, draw[n - draw.sum(axis=1) >= 2]])
+        return gaps[:count]
+    gaps = np.empty((count, p), dtype=np.int64)
+    budget = np.full(count, n - 2)
+    for h in range(p):
+        rest = 2 * (p - h - 1)  # the remaining gaps need at least 2 each
+        high = np.minimum(max_gap, budget - rest)
+        gaps[:, h] = 2 + np.floor(rng.random(count) * (high - 1)).astype(np.int64)
+        budget -= gaps[:, h]
+    return rng.permuted(gaps, axis=1)
+
+
 def sample_phop(rng: np.random.Generator, count: int, alphabet: int, n: int, p: int) -> tuple[np.ndarray, np.ndarray]:
     """`count` sequences (count, n) with their answers (count,), chains built right-to-left."""
-    max_gap = max(2, int(1.6 * (n - 1) / p))
-    gaps = np.empty((0, p), dtype=np.int64)
-    while len(gaps) < count:  # chains that run off the start are rejected (~25% at n=32, p=2)
-        draw = rng.integers(2, max_gap + 1, size=(2 * count, p))
-        gaps = np.concatenate([gaps, draw[n - draw.sum(axis=1) >= 2]])
-    gaps = gaps[:count]
+    gaps = _gaps(rng, count, n, p)
     rows = np.arange(count)
     # chain positions (1-indexed): i_0 = n > i_1 > ... > i_p, with v[i_{h+1} - 1] = v[i_h]
     chain = np.concatenate([np.full((count, 1), n), n - np.cumsum(gaps, axis=1)], axis=1)
@@ -105,8 +179,10 @@ class Phop(Task):
         self.p, self.seed = params, seed
         self.facts = TaskFacts(vocab_size=params.alphabet, seq_len=params.seq_len, causal=True)
 
-    def _batch(self, rng: np.random.Generator, count: int) -> Batch:
-        v, answers = sample_phop(rng, count, self.p.alphabet, self.p.seq_len, self.p.hops)
+    def _batch(self, rng: np.random.Generator, count: int, want_eval: bool) -> Batch:
+        """Sequences from one side of the fixed train/eval partition (see `holdout`)."""
+        p = self.p
+        v, answers = draw(lambda r, k: sample_phop(r, k, p.alphabet, p.seq_len, p.hops), rng, count, _SALT, want_eval)
         inputs = torch.from_numpy(v)
         targets = torch.zeros_like(inputs)
         targets[:, -1] = torch.from_numpy(answers)
@@ -115,11 +191,12 @@ class Phop(Task):
         return Batch(inputs, targets, mask)
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
-        return self._batch(np.random.default_rng([self.seed, step, 0x70]), batch_size)
+        return self._batch(np.random.default_rng([self.seed, step, 0x70]), batch_size, want_eval=False)
 
     def eval_sets(self, examples: int) -> dict[str, Batch]:
         p = self.p
-        return {"": self._batch(np.random.default_rng([0xE7A1, p.alphabet, p.seq_len, p.hops]), examples)}
+        rng = np.random.default_rng([0xE7A1, p.alphabet, p.seq_len, p.hops])
+        return {"": self._batch(rng, examples, want_eval=True)}
 
 
 @register_task("phop", PhopParams)

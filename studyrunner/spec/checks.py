@@ -1,0 +1,52 @@
+"""Checks that span several fields of a study (axes, zip groups, exclude entries).
+
+They run after the schema has validated types, and name the exact entry at fault with its line, which
+a pydantic model validator cannot do (it reports the whole document).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import spec_error
+from .schema import AXIS_ROOTS, Study
+
+
+def _axis_path_problem(path: str) -> str | None:
+    parts = path.split(".")
+    if parts[0] not in AXIS_ROOTS or len(parts) < 2 or not all(parts):
+        return f"axis {path!r} is not a dotted path under {', '.join(AXIS_ROOTS)} (e.g. 'model.params.loops')"
+    return None
+
+
+def check_study(study: Study, source: str, node: Any) -> None:
+    def fail(loc: tuple, msg: str):
+        raise spec_error(source, node, loc, msg)
+
+    seen: dict[str, str] = {}
+    for path, values in study.grid.items():
+        if problem := _axis_path_problem(path):
+            fail(("grid", path), problem)
+        if not values:
+            fail(("grid", path), "axis has no values; give at least one")
+        seen[path] = "grid"
+    for g, group in enumerate(study.zip):
+        if not group:
+            fail(("zip", g), "empty group; give at least one path with its values")
+        lengths = {path: len(values) for path, values in group.items()}
+        for path in group:
+            if problem := _axis_path_problem(path):
+                fail(("zip", g, path), problem)
+            if path in seen:
+                fail(("zip", g, path), f"path is varied twice (also in {seen[path]}); vary it in one place")
+            seen[path] = f"zip[{g}]"
+        if len(set(lengths.values())) != 1 or 0 in lengths.values():
+            counts = ", ".join(f"{p}: {n}" for p, n in lengths.items())
+            fail(("zip", g), f"value lists must be non-empty and of equal length ({counts})")
+    for i, partial in enumerate(study.exclude):
+        if not partial:
+            fail(("exclude", i), "empty entry would exclude every cell; remove it")
+        for path in partial:
+            if path not in seen:
+                varied = ", ".join(seen) or "none"
+                fail(("exclude", i, path), f"no grid or zip axis varies this path; varied paths: {varied}")

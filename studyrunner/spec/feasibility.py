@@ -1,0 +1,86 @@
+"""Checks that a compiled study can run and will report what it asks for, before anything runs.
+
+Impossible settings are errors (exit 2): eval sets that cannot fit in memory, a `metric.name` that no
+trial reports. Suspicious ones are warnings that `validate` and `submit` print and go on: more eval
+examples than the task has distinct problems, an `exclude` entry that matches nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..models import build_model
+from ..tasks import build_task
+from ..train.metrics import TRAINER_METRICS
+from .errors import spec_error
+
+if TYPE_CHECKING:
+    from .compiler import CompiledStudy
+
+MAX_EVAL_TOKENS = 50_000_000  # eval sets live in memory: inputs, targets and mask, 17 bytes a token
+MAX_MODELS_PROBED = 32  # distinct model configs built (on the meta device) to learn their diagnostics
+
+
+def _key(config: dict) -> str:
+    from .compiler import canonical_json
+
+    return canonical_json(config)
+
+
+def check_feasible(compiled: CompiledStudy) -> None:
+    study = compiled.study
+    source, node = study.source, study._node
+    reported: set[str] = set(TRAINER_METRICS)
+    tasks: dict[str, object] = {}
+    for cell in compiled.cells:
+        task_cfg, examples = cell.config["task"], cell.config["eval"]["examples"]
+        key = _key(task_cfg)
+        if key not in tasks:
+            tasks[key] = build_task(task_cfg["name"], task_cfg["params"], seed=0)
+        task = tasks[key]
+        splits = task.split_names()
+        tokens = examples * task.facts.seq_len * len(splits)
+        if tokens > MAX_EVAL_TOKENS:
+            raise spec_error(
+                source,
+                node,
+                ("eval", "examples"),
+                f"cell '{cell.label}': {examples:,} examples x {len(splits)} splits x {task.facts.seq_len} tokens "
+                f"= {tokens:,} eval tokens; at most {MAX_EVAL_TOKENS:,} fit in memory",
+            )
+        capacity = task.eval_capacity()
+        if capacity is not None and examples > capacity:
+            warning = str(
+                spec_error(
+                    source,
+                    node,
+                    ("eval", "examples"),
+                    f"cell '{cell.label}': {examples:,} examples but the task has only {capacity:,} distinct eval "
+                    "problems per split, so the eval set repeats them",
+                )
+            )
+            if warning not in compiled.warnings:
+                compiled.warnings.append(warning)
+        reported |= task.reported_metrics()
+
+    metric = study.metric.name
+    if metric in reported:
+        return
+    models: set[str] = set()
+    for cell in compiled.cells:  # diagnostics depend on the family's params: probe a few configs
+        key = _key(cell.config["model"])
+        if key in models or len(models) >= MAX_MODELS_PROBED:
+            continue
+        models.add(key)
+        task = tasks[_key(cell.config["task"])]
+        import torch
+
+        with torch.device("meta"):
+            model = build_model(cell.config["model"]["family"], cell.config["model"]["params"], task.facts)
+        reported |= set(getattr(model, "diagnostic_names", ()))
+        if metric in reported:
+            return
+    near = sorted(n for n in reported if n.split("_")[0] == metric.split("_")[0]) or sorted(reported)
+    raise spec_error(
+        source, node, ("metric", "name"), f"no trial of this study reports {metric!r}; reported: {', '.join(near)}"
+    )

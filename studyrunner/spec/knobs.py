@@ -1,0 +1,42 @@
+"""Cross-section knob checks: a `train.*` or `eval.*` knob that only means something for some model
+configs is rejected, naming the field, on a config that lacks what it acts on.
+
+`train.ponder_lambda` on a `looped` cell would otherwise be a silent no-op: the family has no
+halting, so nothing would be weighted. Each family's params declare which auxiliary terms a config
+produces (`aux_terms()`) and which diagnostics it reports (`diagnostic_names()`); the knobs that
+weight a term are listed once, in `models.output.AUX_TERMS`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..models.output import AUX_TERMS
+from ..models.registry import FamilyEntry
+
+
+def knob_problem(family: FamilyEntry, resolved: dict[str, Any]) -> tuple[tuple, str] | None:
+    """(field location, message) for the first knob `resolved` sets that its model config lacks."""
+    params = family.params_model.model_validate(resolved["model"]["params"])
+    produced = params.aux_terms() if hasattr(params, "aux_terms") else set()
+    for term, knobs in AUX_TERMS.items():
+        for knob in knobs:
+            if resolved["train"].get(knob) is not None and term not in produced:
+                source = getattr(params, "aux_term_sources", {}).get(term)
+                how = f"; it does with {source}" if source else ""
+                return (
+                    ("train", knob),
+                    f"weights the {term!r} term, which model family {family.name!r} does not produce "
+                    f"with these params{how}",
+                )
+    ev = resolved["eval"]
+    if ev.get("loops") is not None and "loops" not in family.params_model.model_fields:
+        return ("eval", "loops"), f"model family {family.name!r} has no loops to vary at evaluation"
+    if ev.get("halt_collapse_fraction") is not None:
+        names = params.diagnostic_names() if hasattr(params, "diagnostic_names") else set()
+        if "ponder_steps_fraction" not in names:
+            return (
+                ("eval", "halt_collapse_fraction"),
+                f"model family {family.name!r} does not halt with these params, so nothing can collapse",
+            )
+    return None

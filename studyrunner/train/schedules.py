@@ -1,0 +1,36 @@
+"""Weights of the models' auxiliary terms over training, from the study file's `train` section.
+
+A family returns raw terms by name (`ModelOutput.aux`); the trainer multiplies each by its weight
+here and adds it to the task loss. Unset knobs weigh 0, so a term a family always computes (the
+regulariser's distance, the ponder cost) is still logged as `train_{term}` at no effect on training.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def linear_warmup(step: int, warmup_steps: int) -> float:
+    """Factor rising linearly from 0 at 0-based `step` 0 to 1 at `warmup_steps`; 1 throughout if 0.
+
+    The seed-003 code's lambda_eff = lambda * min(1, step / warmup)."""
+    if warmup_steps <= 0:
+        return 1.0
+    return min(1.0, step / warmup_steps)
+
+
+def ponder_weight(step: int, train: dict[str, Any]) -> float:
+    lam = train.get("ponder_lambda") or 0.0
+    return lam * linear_warmup(step, train.get("ponder_lambda_warmup_steps") or 0)
+
+
+def aux_weights(step: int, train: dict[str, Any], terms) -> dict[str, float]:
+    """Weight of each of `terms` at 0-based `step`; an unknown term is a family bug, not a silent 0."""
+    schedules = {
+        "ponder": lambda: ponder_weight(step, train),
+        "regulariser": lambda: float(train.get("regulariser_lambda") or 0.0),
+    }
+    unknown = sorted(set(terms) - set(schedules))
+    if unknown:
+        raise KeyError(f"model returned aux terms {unknown} that no train knob weights; known: {sorted(schedules)}")
+    return {name: schedules[name]() for name in terms}

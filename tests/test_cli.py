@@ -133,3 +133,18 @@ def test_ui_serves_the_study_on_localhost(submitted):
         os.killpg(proc.pid, 15)
         _, err = proc.communicate(timeout=30)
     assert f"http://127.0.0.1:{port}" in err
+    # Stopping `ui` stops its server: nothing answers on the port afterwards, and no traceback was printed.
+    assert proc.returncode == 0 and "Traceback" not in err
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url, timeout=5)
+
+
+def test_ui_on_a_busy_port_is_an_error(submitted):
+    _, workspace, _ = submitted
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = sr("ui", "--port", str(port), workspace=workspace, check=False, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"error: --port {port}: cannot listen on 127.0.0.1:{port}")

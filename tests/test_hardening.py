@@ -403,3 +403,24 @@ def test_an_unexpected_error_is_one_line_with_a_debug_hint(monkeypatch, tmp_path
 
 def test_studyrunner_error_is_a_one_line_exit_code():
     assert StudyrunnerError.exit_code == 1 and SpecError.exit_code == 2
+
+
+# --- case 5: resources no node has (the Ray end to end is in test_integration.py) ----------------------
+
+
+def test_cluster_capacity_check_names_the_resource_and_the_largest_node():
+    from studyrunner.orchestrate.capacity import check_cluster_fits
+    from studyrunner.spec.schema import Resources
+
+    nodes = [
+        {"Alive": True, "Resources": {"CPU": 2.0, "memory": 8 * 1024**3}},
+        {"Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}},  # dead nodes do not count
+    ]
+    check_cluster_fits(Resources(cpu=2), nodes)
+    with pytest.raises(StudyrunnerError, match=r"asks for 1 GPU per trial \(resources.gpu\); .* has 0"):
+        check_cluster_fits(Resources(cpu=1, gpu=1), nodes)
+    with pytest.raises(StudyrunnerError, match=r"asks for 16 GB of memory per trial \(resources.memory_gb\)"):
+        check_cluster_fits(Resources(cpu=1, memory_gb=16), nodes)
+    two = [{"Resources": {"CPU": 8.0}}, {"Resources": {"GPU": 1.0, "CPU": 1.0}}]
+    with pytest.raises(StudyrunnerError, match="no single node"):
+        check_cluster_fits(Resources(cpu=4, gpu=1), two)

@@ -149,3 +149,37 @@ def test_failed_trials_are_recorded_and_rerun_by_the_next_submit(ray_session, tm
     rows = {r.trial_key: r for r in ledger.trials("faulty")}
     assert all(r.status == "succeeded" and r.error is None for r in rows.values())
     assert all(rows[k].attempts == 2 for k in first.failed)
+
+
+def test_a_study_asking_for_resources_no_node_has_fails_fast(ray_session, tmp_path):
+    from studyrunner.errors import StudyrunnerError
+
+    ws = Workspace.resolve(tmp_path)
+    for resources, says in (("{cpu: 1, gpu: 1}", "1 GPU per trial"), ("{cpu: 64}", "64 CPU per trial")):
+        compiled = compile_study(loads(TINY_STUDY.replace("resources: {cpu: 1, gpu: 0}", f"resources: {resources}")))
+        with pytest.raises(StudyrunnerError, match=f"asks for {says}.*the largest node of the Ray cluster has"):
+            submit(compiled, ws, show_progress=False)
+    rows = Ledger(ws.db_url).trials("tiny")
+    assert rows and all(r.status == "pending" and r.attempts == 0 for r in rows)  # nothing started
+    assert MlflowClient(ws.tracking_uri).get_experiment_by_name("tiny") is None
+
+
+def test_a_failing_trial_is_one_line_on_the_console(ray_session, tmp_path, monkeypatch, capfd):
+    import io
+
+    from rich.console import Console
+
+    ws = Workspace.resolve(tmp_path)
+    compiled = compile_study(
+        loads(TINY_STUDY.replace("name: tiny", "name: loud").replace("seeds: [0, 1]", "seeds: [0]"))
+    )
+    monkeypatch.setenv("STUDYRUNNER_INJECT_FAULT", "loud-*")
+    console = Console(file=io.StringIO(), width=200)
+    result = submit(compiled, ws, console=console, show_progress=True)
+    assert len(result.failed) == 2
+    shown = console.file.getvalue()
+    captured = capfd.readouterr()
+    for key in result.failed:
+        line = next(li for li in shown.splitlines() if li.startswith(f"failed {key}: "))
+        assert line.endswith(f"InjectedFault: injected fault in {key} (STUDYRUNNER_INJECT_FAULT)")
+    assert "Traceback" not in shown + captured.out + captured.err

@@ -59,7 +59,7 @@ def test_per_split_metrics_for_addition():
     config = tiny_config(steps=4, log_every=2)
     config["task"] = {
         "name": "addition",
-        "params": {"digits": 1, "train_operands": [2], "eval_operands": [2, 3], "reverse_answer": True},
+        "params": {"digits": 2, "train_operands": [2], "eval_operands": [2, 3], "reverse_answer": True},
     }
     config["model"]["params"]["pos"] = "rope"
     final = run_trial(config, seed=0)

@@ -114,13 +114,12 @@ class Derf(nn.Module):
         return torch.erf(self.alpha * x + self.shift)
 
 
-def make_norm(p: CoreParams, dim: int | None = None) -> nn.Module:
-    dim = dim or p.d_model
+def make_norm(p: CoreParams) -> nn.Module:
     if p.norm == "rmsnorm":
-        return nn.RMSNorm(dim)
+        return nn.RMSNorm(p.d_model)
     if p.norm == "derf":
-        return Derf(dim)
-    return nn.LayerNorm(dim, bias=p.bias)
+        return Derf(p.d_model)
+    return nn.LayerNorm(p.d_model, bias=p.bias)
 
 
 class ResidualProj(nn.Linear):

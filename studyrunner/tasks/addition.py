@@ -44,8 +44,8 @@ class AdditionParams(StrictParams):
         if small:
             raise ValueError(
                 f"eval operand count {small[0]} with {self.digits}-digit operands has only "
-                f"{10 ** (self.digits * small[0])} distinct problems; at least {MIN_EVAL_SPACE} (digits x operands >= 3) "
-                f"are needed so that the held-out 1/{HOLDOUT} of them is never empty"
+                f"{10 ** (self.digits * small[0])} distinct problems; at least {MIN_EVAL_SPACE} "
+                f"(digits x operands >= 3) are needed so that the held-out 1/{HOLDOUT} of them is never empty"
             )
         return self
 

@@ -14,6 +14,7 @@ import numpy as np
 
 HOLDOUT = 16  # one example in 16 is reserved for evaluation
 
+
 def row_hash(rows: np.ndarray, salt: int) -> np.ndarray:
     """A 64-bit hash per row of a 2-D integer array: BLAKE2b of the row's little-endian int64 bytes,
     keyed by the salt (the same on every platform and Python version)."""

@@ -10,9 +10,11 @@ parameter's value mod `modulus` (7 in the paper, 23 in Ye et al.).
 - **Dependency DAG.** The parameters are put in a random order; the first is a constant, each later one
   is a constant with probability 1/4 and otherwise an expression of 1..`max_terms` distinct earlier
   parameters: `t1 (+|-) t2 ...`, each term a parameter or `k * parameter` (k in 2..modulus-1, with
-  probability 1/3; never for modulus 2), matching the operations of the paper's example (constant, copy, +, -, integer x).
+  probability 1/3; never for modulus 2), matching the operations of the paper's example (constant,
+  copy, +, -, integer x).
 - **Query and distractors.** The query is the last parameter of the order, always an expression; the
-  parameters it does not depend on are distractors (every problem has at least one; problems without are redrawn).
+  parameters it does not depend on are distractors (every problem has at least one; problems without
+  are redrawn).
 - **Surface.** Statements `A # B = expr .` in random order (not topological, as in the paper's example),
   then `A # B ?`; left-padded with a pad token so the answer is always predicted at the last position.
 

@@ -25,7 +25,6 @@ from .base import Batch, Task, TaskFacts
 from .holdout import HOLDOUT, draw
 from .registry import register_task
 
-
 MIN_SPACE_BITS = 12  # at least 4096 distinct sequences, so the held-out 1/16 is never empty
 _SALT = 0x70
 

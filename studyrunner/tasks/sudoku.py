@@ -45,6 +45,10 @@ from .registry import register_task
 BLANK = 0
 DEFAULT_GIVENS = {4: 6, 9: 30}
 MIN_GIVENS = {4: 4, 9: 24}  # 4: the fewest clues of any unique 4x4 puzzle; 9: what random removal reaches
+WHY_MIN_GIVENS = {
+    4: "no unique 4x4 puzzle has fewer than 4 clues",
+    9: "random removal rarely reaches fewer than 24 clues, so generation would not finish in bounded time",
+}
 MAX_POOL = 4096
 _SPLIT_SALT = 0x5D0C
 
@@ -67,9 +71,10 @@ class SudokuParams(StrictParams):
             self.givens = DEFAULT_GIVENS[self.size]
         low, high = MIN_GIVENS[self.size], self.size * self.size - 1
         if not low <= self.givens <= high:
+            why = WHY_MIN_GIVENS[self.size]
             raise ValueError(
-                f"givens for size {self.size} must be between {low} and {high} (at least one blank; "
-                f"{'no unique 4x4 puzzle has fewer than 4 clues' if self.size == 4 else 'random removal rarely reaches fewer than 24 clues, so generation would not finish in bounded time'}), got {self.givens}"
+                f"givens for size {self.size} must be between {low} and {high} (at least one blank; {why}), "
+                f"got {self.givens}"
             )
         return self
 

@@ -34,7 +34,9 @@ _SALT = 0x7A55
 
 
 class VarAssignParams(StrictParams):
-    depth: int = Field(0, ge=0, le=4, description="Copies between the queried variable and its value (0 or 1 in the paper).")
+    depth: int = Field(
+        0, ge=0, le=4, description="Copies between the queried variable and its value (0 or 1 in the paper)."
+    )
     width: int = Field(3, ge=1, le=16, description="Variables per level (constants, then copies).")
     names: int = Field(26, ge=2, le=256, description="Distinct variable names to draw from.")
     values: int = Field(10, ge=2, le=256, description="Distinct values (digits).")
@@ -44,7 +46,9 @@ class VarAssignParams(StrictParams):
     def _check(self) -> VarAssignParams:
         needed = (self.depth + 1) * self.width
         if needed > self.names:
-            raise ValueError(f"depth {self.depth} x width {self.width} needs {needed} distinct names, names is {self.names}")
+            raise ValueError(
+                f"depth {self.depth} x width {self.width} needs {needed} distinct names, names is {self.names}"
+            )
         space = math.perm(self.names, needed) * self.values**self.width * self.width
         if space < MIN_SPACE:
             raise ValueError(

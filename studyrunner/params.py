@@ -30,8 +30,9 @@ def _prepare(annotation: Any, value: Any) -> Any:
     if _is_int_annotation(annotation):
         return _integral(value)
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType) and int in args:
-        return _integral(value)
+    if origin in (typing.Union, types.UnionType):  # Optional[X]: prepare for the one non-None member
+        members = [a for a in args if a is not type(None)]
+        return _prepare(members[0], value) if len(members) == 1 else value
     if origin in (list, tuple) and isinstance(value, list):
         if args and _is_int_annotation(args[0]):
             value = [_integral(v) for v in value]

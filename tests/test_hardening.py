@@ -424,3 +424,21 @@ def test_cluster_capacity_check_names_the_resource_and_the_largest_node():
     two = [{"Resources": {"CPU": 8.0}}, {"Resources": {"GPU": 1.0, "CPU": 1.0}}]
     with pytest.raises(StudyrunnerError, match="no single node"):
         check_cluster_fits(Resources(cpu=4, gpu=1), two)
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/version"), reason="needs Linux /proc")
+def test_results_out_to_an_unwritable_file_is_one_line(ledger_with_a_study):
+    args = ["results", "tiny", "--workspace", str(ledger_with_a_study), "-f", "csv", "--out", "/proc/version"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and result.output.startswith("error: --out: cannot write '/proc/version'")
+
+
+def test_test_time_depth_metrics_count_as_reported_and_take_integral_floats():
+    text = edited("name: eval_accuracy", "name: eval_accuracy_loops_8").replace(
+        "eval: {every: 6, examples: 32}", "eval: {every: 6, examples: 32, loops: [2.0, 8]}"
+    )
+    compiled = compile_study(loads(text))
+    assert compiled.cells[0].config["eval"]["loops"] == [2, 8]
+    assert "no trial of this study reports 'eval_accuracy_loops_3'" in spec_error(
+        text.replace("name: eval_accuracy_loops_8", "name: eval_accuracy_loops_3")
+    )

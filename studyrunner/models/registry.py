@@ -1,8 +1,15 @@
 """Model family registry: a family is a name, a pydantic params model and a builder.
 
 The builder receives the validated params and the task's facts (an object with `vocab_size`,
-`seq_len` and `causal`, normally `studyrunner.tasks.TaskFacts`) and returns an `nn.Module` whose
-`forward(tokens)` returns a `ModelOutput` and which has an `effective_depth` attribute.
+`seq_len` and `causal`, normally `studyrunner.tasks.TaskFacts`) and returns an `nn.Module` with:
+- `forward(tokens, loops=None, *, diagnose=False) -> ModelOutput`: `loops` runs another depth than
+  trained (test-time depth); `diagnose` fills `ModelOutput.diagnostics` (the trainer asks at eval);
+- `effective_depth` (int) and `loops` (the trained loop count);
+- `diagnostic_names` (set[str]): every metric name the model adds, from `params.metric_names()`;
+- optionally `grad_norm_groups() -> {group: [parameters]}`, logged as `{group}_grad_norm`.
+Params models subclass `core.CoreParams` and declare `aux_terms()` (the keys of ModelOutput.aux a
+config returns), which the compiler uses to reject `train.*` weights for terms a config lacks.
+It must build on `torch.device("meta")` (how `plan` counts parameters).
 """
 
 from __future__ import annotations

@@ -15,7 +15,11 @@ the authors' code) and are dropped before the head.
 
 Differences from the paper's model, all from the shared core: the FFN is the core's GELU MLP
 (the paper's is SwiGLU with 8/3 d) and attention has no QK-norm. The norm defaults to Derf, the
-paper's choice (`norm: rmsnorm` is its ablation).
+paper's choice (`norm: rmsnorm` is its ablation), read as in the notes: erf(a*x + s), a ~ 1, no gain.
+Measured here at CPU scale it learns far more slowly than LayerNorm: with the core's std-0.02
+embeddings erf passes a ~0.02-scale signal where LayerNorm rescales to unit variance (4x4 Sudoku,
+d=32, 1 layer, 300 steps: train loss 1.37 with Derf vs 0.57 with LayerNorm; the Derf paper itself
+scales a, initialising it per layer type). Set `norm: layernorm` for CPU-sized studies.
 """
 
 from __future__ import annotations

@@ -61,7 +61,10 @@ def check_feasible(compiled: CompiledStudy) -> None:
             )
             if warning not in compiled.warnings:
                 compiled.warnings.append(warning)
-        reported |= task.reported_metrics()
+        task_metrics = task.reported_metrics()
+        reported |= task_metrics
+        for n in cell.config["eval"].get("loops") or []:  # test-time depth: eval_accuracy_loops_8, ...
+            reported |= {f"{name}_loops_{n}" for name in task_metrics}
 
     metric = study.metric.name
     if metric in reported:

@@ -215,8 +215,11 @@ def plan(file: StudyFile):
             f"{study.name}: {len(compiled.cells)} cells x {len(study.seeds)} seeds = {len(compiled.trials)} trials"
         )
     )
-    for col in ["#", "cell", "cell_hash", "family", "params", "effective_depth", "steps"]:
+    columns = ["#", "cell", "cell_hash", "family", "params", "effective_depth", "steps"]
+    has_baselines = any(c.baseline_of for c in compiled.cells)
+    for col in columns + (["baseline of"] if has_baselines else []):
         table.add_column(col, justify="right" if col in ("#", "params", "effective_depth", "steps") else "left")
+    number = {c.cell_hash: i for i, c in enumerate(compiled.cells, 1)}
     for i, cell in enumerate(compiled.cells, 1):
         task = build_task(cell.config["task"]["name"], cell.config["task"]["params"], seed=0)
         with torch.device("meta"):  # count parameters without allocating them
@@ -229,6 +232,7 @@ def plan(file: StudyFile):
             f"{count_params(model):,}",
             str(model.effective_depth),
             str(cell.config["train"]["steps"]),
+            *([", ".join(f"{kind} of #{number[h]}" for kind, h in cell.baseline_of)] if has_baselines else []),
         )
     out.print(table)
 

@@ -79,6 +79,13 @@ class AdaptiveLayersParams(CoreParams):
     def aux_terms(self) -> set[str]:
         return {"ponder"} if self.loops > 1 else set()
 
+    def baseline(self, kind: str) -> tuple[str, dict] | None:
+        """iso_param: the same layers (and memory banks) run once; iso_flop: n_layers x loops layers run once."""
+        if self.loops == 1:
+            return None
+        layers = self.n_layers if kind == "iso_param" else self.n_layers * self.loops
+        return "adaptive_layers", {**self.model_dump(), "n_layers": layers, "loops": 1}
+
     def grad_norm_groups(self) -> set[str]:
         return {"router"} if self.loops > 1 else set()
 

@@ -25,6 +25,12 @@ class CoreParams(StrictParams):
     d_model: int = Field(64, ge=8, le=8192, description="Residual stream width.")
     n_heads: int = Field(4, ge=1, le=128, description="Attention heads; must divide d_model.")
     mlp_ratio: int = Field(4, ge=1, le=16, description="MLP hidden width = mlp_ratio * d_model.")
+    mlp_hidden: int | None = Field(
+        None,
+        ge=1,
+        le=262144,
+        description="MLP hidden width, overriding mlp_ratio; iso-param baselines use it to match parameter counts.",
+    )
     pos: Literal["learned", "rope"] = Field(
         "learned", description="Learned absolute positions, or rotary embeddings in every attention layer."
     )
@@ -62,7 +68,7 @@ class CoreParams(StrictParams):
     def _omit_new_knobs_at_default(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
         if isinstance(data, dict):
-            for name in self.omit_at_default:
+            for name in self.omit_at_default | {"mlp_hidden"}:
                 if name in data and getattr(self, name) == type(self).model_fields[name].default:
                     del data[name]
         return data
@@ -70,6 +76,17 @@ class CoreParams(StrictParams):
     def aux_terms(self) -> set[str]:
         """Names of the raw aux terms (ModelOutput.aux) a model built from these params returns."""
         return set()
+
+    def baseline(self, kind: str) -> tuple[str, dict] | None:
+        """The unlooped model matching this looped one (`baselines:` in a study file), as (family,
+        params): 'iso_param' keeps the distinct layers and runs them once, 'iso_flop' makes every block
+        application a distinct layer. None where there is no loop to match (a family without loops,
+        or loops == 1). The compiler widens an iso-param baseline's MLP to match parameter counts."""
+        return None
+
+    @property
+    def hidden(self) -> int:
+        return self.mlp_hidden if self.mlp_hidden is not None else self.mlp_ratio * self.d_model
 
     def grad_norm_groups(self) -> set[str]:
         """Parameter groups whose gradient norm the trainer records as `{group}_grad_norm`."""
@@ -193,8 +210,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, p: CoreParams):
         super().__init__()
-        self.fc = nn.Linear(p.d_model, p.mlp_ratio * p.d_model, bias=p.bias)
-        self.proj = ResidualProj(p.mlp_ratio * p.d_model, p.d_model, bias=p.bias)
+        self.fc = nn.Linear(p.d_model, p.hidden, bias=p.bias)
+        self.proj = ResidualProj(p.hidden, p.d_model, bias=p.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(F.gelu(self.fc(x)))

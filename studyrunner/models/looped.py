@@ -76,6 +76,12 @@ class LoopedParams(CoreParams):
     def aux_terms(self) -> set[str]:
         return {"regulariser"} if self.regulariser_k is not None else set()
 
+    def baseline(self, kind: str) -> tuple[str, dict] | None:
+        if self.loops == 1:
+            return None
+        k = self.block_layers if kind == "iso_param" else self.block_layers * self.loops  # k x 1, or kL x 1
+        return "looped", {**self.model_dump(), "block_layers": k, "loops": 1}
+
     def diagnostic_names(self) -> set[str]:
         names: set[str] = set()
         if self.memory_slots:

@@ -63,6 +63,16 @@ class UTActParams(CoreParams):
     def aux_terms(self) -> set[str]:
         return {"ponder"} if self.act else set()
 
+    def baseline(self, kind: str) -> tuple[str, dict] | None:
+        """iso_param: the shared block run once, no halting; iso_flop: a plain (`looped`) transformer with
+        `loops` distinct layers, same width, norm and memory tokens."""
+        if self.loops == 1:
+            return None
+        core = {name: getattr(self, name) for name in CoreParams.model_fields}
+        if kind == "iso_param":
+            return "ut_act", {**self.model_dump(), "loops": 1, "act": False}
+        return "looped", {**core, "block_layers": self.loops, "loops": 1, "memory_slots": self.memory_slots}
+
     def grad_norm_groups(self) -> set[str]:
         return {"router"} if self.act else set()
 

@@ -111,17 +111,25 @@ class Tracker:
 
     def cell_run(self, experiment_id: str, study, cell: Cell, known_run_id: str | None) -> str:
         """The cell's parent run: the one the ledger knows, else a new one."""
+        baseline_tags = {}
+        if cell.baseline_of:  # a matched baseline: which looped cells, and as what
+            baseline_tags = {
+                "baseline": ",".join(sorted({kind for kind, _ in cell.baseline_of})),
+                "baseline_of": ",".join(h for _, h in cell.baseline_of),
+            }
         if known_run_id:
             try:
                 run = self.client.get_run(known_run_id)
                 if run.info.lifecycle_stage == "active":
+                    for key, value in baseline_tags.items():
+                        self.client.set_tag(known_run_id, key, value)
                     return known_run_id
             except Exception:  # noqa: BLE001 - the run was deleted from the store by hand
                 pass
         run = self.client.create_run(
             experiment_id,
             run_name=cell.label,
-            tags={**self._tags(study.name, study.source), "cell_hash": cell.cell_hash, "kind": "cell"},
+            tags={**self._tags(study.name, study.source), "cell_hash": cell.cell_hash, "kind": "cell", **baseline_tags},
         )
         self._log_params(run.info.run_id, _params(cell.config))
         self.client.set_terminated(run.info.run_id, "FINISHED")

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..models import get_family
 from ..tasks import get_task
+from .baselines import add_baselines
 from .errors import describe, spec_error
 from .feasibility import check_feasible
 from .knobs import knob_problem
@@ -33,6 +34,8 @@ class Cell:
     config: dict[str, Any]  # resolved {task, model, train, eval}
     overrides: dict[str, Any]  # axis path -> value that makes this cell
     label: str
+    # (kind, looped cell_hash) for every looped cell this cell is a matched baseline of (`baselines:`)
+    baseline_of: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,35 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
     return resolved
 
 
+def _with_baselines(study: Study, cells: list[Cell]) -> list[Cell]:
+    if not study.baselines:
+        return cells
+
+    def resolve_baseline(raw: dict[str, Any]) -> dict[str, Any]:
+        for _ in range(8):  # drop train/eval knobs the unlooped model cannot take (a ponder weight, ...)
+            try:
+                return resolve(raw)
+            except _Invalid as exc:
+                section, *rest = exc.loc
+                if section in ("train", "eval") and len(rest) == 1 and rest[0] in raw[section]:
+                    del raw[section][rest[0]]
+                    continue
+                raise spec_error(
+                    study.source, study._node, ("baselines",), f"the baseline config is invalid: {exc.msg}"
+                ) from None
+        raise spec_error(study.source, study._node, ("baselines",), "could not build a valid baseline config")
+
+    def make_cell(config: dict[str, Any], label: str, tag: tuple[str, str]) -> Cell:
+        return Cell(config_hash(config), config, {}, label, (tag,))
+
+    with_baselines = add_baselines(study, cells, make_cell, resolve_baseline)
+    if len(with_baselines) == len(cells) and not any(c.baseline_of for c in with_baselines):
+        raise spec_error(
+            study.source, study._node, ("baselines",), "no cell loops (loops > 1), so there is nothing to match"
+        )
+    return with_baselines
+
+
 def set_path(config: dict[str, Any], path: str, value: Any) -> None:
     *parents, leaf = path.split(".")
     node = config
@@ -216,6 +248,7 @@ def compile_study(study: Study) -> CompiledStudy:
         cells.append(Cell(h, config, overrides, label))
     if not cells:
         raise spec_error(source, node, ("exclude",), "every cell is excluded; nothing would run")
+    cells = _with_baselines(study, cells)
 
     trials = [
         Trial(trial_key(study.name, c.cell_hash, s), study.name, c.cell_hash, s, c.config, c.label)

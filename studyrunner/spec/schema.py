@@ -156,6 +156,11 @@ class Study(Strict):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     resources: Resources = Field(default_factory=Resources)
     metric: MetricSpec = Field(default_factory=MetricSpec)
+    baselines: list[Literal["iso_param", "iso_flop"]] = Field(
+        default_factory=list,
+        description="Matched unlooped cells added for every looped cell: iso_param (same distinct layers run "
+        "once, MLP widened to match parameters) and/or iso_flop (every block application a distinct layer).",
+    )
 
     # Where the study came from, for error messages and for storing the file as written.
     _source: str = PrivateAttr("<study>")
@@ -174,6 +179,13 @@ class Study(Strict):
         import yaml
 
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    @field_validator("baselines")
+    @classmethod
+    def _baselines_unique(cls, kinds: list[str]) -> list[str]:
+        if len(set(kinds)) != len(kinds):
+            raise ValueError("each baseline kind at most once")
+        return kinds
 
     @field_validator("seeds")
     @classmethod

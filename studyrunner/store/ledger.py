@@ -17,7 +17,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import StudyrunnerError
-from .db import STATUSES, Base, CellRow, StudyRow, TrialRow, make_engine, utcnow
+from .db import STATUSES, Base, CellRow, StudyRow, TrialRow, add_missing_columns, make_engine, utcnow
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,13 @@ class Ledger:
             self.engine = make_engine(url)
             if create:
                 Base.metadata.create_all(self.engine)
+                add_missing_columns(self.engine)
             elif not inspect(self.engine).has_table(TrialRow.__tablename__):
                 raise StudyrunnerError(
                     f"{url!r} holds no studyrunner ledger (check --db / STUDYRUNNER_DB, or submit a study first)"
                 )
+            else:
+                add_missing_columns(self.engine)  # an older ledger: reading it needs today's columns
         except StudyrunnerError:
             raise
         except NoSuchModuleError:
@@ -89,8 +92,9 @@ class Ledger:
             row.spec_text, row.description, row.updated_at = text, study.description, utcnow()
             row.spec_hash = hashlib.sha256(text.encode()).hexdigest()
             s.flush()
-            known_cells = set(s.scalars(select(CellRow.cell_hash).where(CellRow.study == study.name)))
+            known_cells = {c.cell_hash: c for c in s.scalars(select(CellRow).where(CellRow.study == study.name))}
             for cell in compiled.cells:
+                baseline_of = [list(tag) for tag in cell.baseline_of] or None
                 if cell.cell_hash not in known_cells:
                     s.add(
                         CellRow(
@@ -99,8 +103,11 @@ class Ledger:
                             label=cell.label,
                             config=cell.config,
                             overrides=cell.overrides,
+                            baseline_of=baseline_of,
                         )
                     )
+                elif baseline_of and known_cells[cell.cell_hash].baseline_of != baseline_of:
+                    known_cells[cell.cell_hash].baseline_of = baseline_of  # baselines added to the study later
             s.flush()
             keys = [t.trial_key for t in compiled.trials]
             existing = {r.trial_key: r for r in s.scalars(select(TrialRow).where(TrialRow.trial_key.in_(keys)))}

@@ -2,6 +2,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 # A study small enough to train in seconds: the shape of studies/quickstart.yaml at toy size.
 TINY_STUDY = """\
@@ -27,3 +28,12 @@ def write_study(tmp_path: Path):
         return path
 
     return write
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """CPU results depend on the thread count; tests train with one, as a `cpu: 1` trial does."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

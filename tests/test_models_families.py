@@ -31,14 +31,6 @@ def build(name, **extra):
     return build_model(family_of(name), {"d_model": 16, "n_heads": 2, **CONFIGS[name], **extra}, FACTS)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def tokens():
     torch.manual_seed(1)
     return torch.randint(0, 7, (2, 10))

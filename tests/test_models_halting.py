@@ -11,14 +11,6 @@ from studyrunner.models.halting import ACT, HaltingRouter, PonderNet
 FACTS = SimpleNamespace(vocab_size=7, seq_len=10, causal=False)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def ut(**params):
     torch.manual_seed(0)
     base = {"d_model": 16, "n_heads": 2, "loops": 6, "memory_slots": 0}

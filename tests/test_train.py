@@ -3,7 +3,6 @@
 import math
 
 import pytest
-import torch
 from conftest import TINY_STUDY
 
 from studyrunner.spec import compile_study, loads
@@ -20,14 +19,6 @@ METRICS = [
     "tokens_per_sec",
     "step_time_ms",
 ]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny_config(**train):

@@ -2,7 +2,6 @@
 test-time depth, halt_collapsed, and the validate-time check of train/eval knobs."""
 
 import pytest
-import torch
 
 from studyrunner.errors import SpecError
 from studyrunner.models.output import AUX_TERMS
@@ -18,14 +17,6 @@ train: {{steps: {steps}, batch_size: 16, warmup_steps: 2, log_every: {log_every}
 eval: {{every: 6, examples: 32, {eval}}}
 seeds: [0]
 """
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def study(family="ut_act", model="loops: 3, memory_slots: 2", train="", eval="", steps=12, log_every=4):

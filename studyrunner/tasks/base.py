@@ -31,6 +31,16 @@ class Batch:
     def __len__(self) -> int:
         return self.inputs.shape[0]
 
+    @classmethod
+    def answer_at_end(cls, sequences, answers) -> Batch:
+        """Sequences (B, T) whose one scored target is `answers` (B,) at the last position."""
+        inputs = torch.as_tensor(sequences)
+        targets = torch.zeros_like(inputs)
+        targets[:, -1] = torch.as_tensor(answers)
+        mask = torch.zeros_like(inputs, dtype=torch.bool)
+        mask[:, -1] = True  # loss on the answer only
+        return cls(inputs, targets, mask)
+
     def slice(self, start: int, stop: int) -> Batch:
         return Batch(self.inputs[start:stop], self.targets[start:stop], self.loss_mask[start:stop])
 

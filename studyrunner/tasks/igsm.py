@@ -28,7 +28,6 @@ sequence sends 1 in 16 problems to evaluation, and training redraws any problem 
 from __future__ import annotations
 
 import numpy as np
-import torch
 from pydantic import Field, model_validator
 
 from ..params import StrictParams
@@ -158,22 +157,16 @@ class Igsm(Task):
         seqs, values = sample_problems(rng, count, self.p, self.vocab)
         return seqs, self.vocab.entities + values
 
-    def _batch(self, seqs: np.ndarray, answers: np.ndarray) -> Batch:
-        inputs = torch.from_numpy(seqs)
-        targets = torch.zeros_like(inputs)
-        targets[:, -1] = torch.from_numpy(answers)
-        mask = torch.zeros_like(inputs, dtype=torch.bool)
-        mask[:, -1] = True
-        return Batch(inputs, targets, mask)
-
     def train_batch(self, step: int, batch_size: int) -> Batch:
         rng = np.random.default_rng([self.seed, step, 0x165])
-        return self._batch(*draw(self._sample, rng, batch_size, _SALT, want_eval=False))
+        return Batch.answer_at_end(*draw(self._sample, rng, batch_size, _SALT, want_eval=False))
 
     def eval_sets(self, examples: int) -> dict[str, Batch]:
         p = self.p
         key = [0xE7A1, p.modulus, p.levels, p.level_width, p.nodes, p.max_terms, int(p.shuffle)]
-        return {"": self._batch(*draw(self._sample, np.random.default_rng(key), examples, _SALT, want_eval=True))}
+        return {
+            "": Batch.answer_at_end(*draw(self._sample, np.random.default_rng(key), examples, _SALT, want_eval=True))
+        }
 
     def is_eval_example(self, seqs: np.ndarray) -> np.ndarray:
         return is_eval(seqs, _SALT)

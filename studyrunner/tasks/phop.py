@@ -17,7 +17,6 @@ import math
 from functools import lru_cache
 
 import numpy as np
-import torch
 from pydantic import Field, model_validator
 
 from ..params import StrictParams
@@ -182,12 +181,7 @@ class Phop(Task):
         """Sequences from one side of the fixed train/eval partition (see `holdout`)."""
         p = self.p
         v, answers = draw(lambda r, k: sample_phop(r, k, p.alphabet, p.seq_len, p.hops), rng, count, _SALT, want_eval)
-        inputs = torch.from_numpy(v)
-        targets = torch.zeros_like(inputs)
-        targets[:, -1] = torch.from_numpy(answers)
-        mask = torch.zeros_like(inputs, dtype=torch.bool)
-        mask[:, -1] = True  # loss on the answer only
-        return Batch(inputs, targets, mask)
+        return Batch.answer_at_end(v, answers)
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
         return self._batch(np.random.default_rng([self.seed, step, 0x70]), batch_size, want_eval=False)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 from pydantic import Field, model_validator
 
 from ..params import StrictParams
@@ -96,22 +95,14 @@ class VarAssign(Task):
         tail = np.stack([asked, np.full(count, self.eq), np.full(count, self.query)], axis=1)
         return np.concatenate([body.reshape(count, 4 * s), tail], axis=1), answers
 
-    def _batch(self, seqs: np.ndarray, answers: np.ndarray) -> Batch:
-        inputs = torch.from_numpy(seqs)
-        targets = torch.zeros_like(inputs)
-        targets[:, -1] = torch.from_numpy(answers)
-        mask = torch.zeros_like(inputs, dtype=torch.bool)
-        mask[:, -1] = True
-        return Batch(inputs, targets, mask)
-
     def train_batch(self, step: int, batch_size: int) -> Batch:
         rng = np.random.default_rng([self.seed, step, 0x7A5])
-        return self._batch(*draw(self._sample, rng, batch_size, _SALT, want_eval=False))
+        return Batch.answer_at_end(*draw(self._sample, rng, batch_size, _SALT, want_eval=False))
 
     def eval_sets(self, examples: int) -> dict[str, Batch]:
         p = self.p
         rng = np.random.default_rng([0xE7A1, p.depth, p.width, p.names, p.values, int(p.shuffle)])
-        return {"": self._batch(*draw(self._sample, rng, examples, _SALT, want_eval=True))}
+        return {"": Batch.answer_at_end(*draw(self._sample, rng, examples, _SALT, want_eval=True))}
 
     def is_eval_example(self, seqs: np.ndarray) -> np.ndarray:
         return is_eval(seqs, _SALT)

@@ -6,9 +6,10 @@ task registries when the study is compiled, so a new family or task needs no cha
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     Field,
     PrivateAttr,
     SerializerFunctionWrapHandler,
@@ -18,6 +19,7 @@ from pydantic import (
 )
 
 from ..params import StrictParams
+from .claims_grammar import parse_claim, parse_rule
 
 AXIS_ROOTS = ("task", "model", "train", "eval")
 MAX_SEED = 2**31 - 1  # the ledger's INTEGER column on PostgreSQL is 32-bit
@@ -137,6 +139,16 @@ class MetricSpec(Strict):
     mode: Literal["max", "min"] = "max"
 
 
+def _check_claim(text: str) -> str:
+    parse_claim(text)  # a GrammarError (a ValueError) names the position of the problem
+    return text
+
+
+def _check_rule(text: str) -> str:
+    parse_rule(text)
+    return text
+
+
 class Study(Strict):
     name: str = Field(pattern=r"^[a-z0-9_-]+$", max_length=64, description="Unique per ledger.")
     description: str = ""
@@ -160,6 +172,17 @@ class Study(Strict):
         default_factory=list,
         description="Matched unlooped cells added for every looped cell: iso_param (same distinct layers run "
         "once, MLP widened to match parameters) and/or iso_flop (every block application a distinct layer).",
+    )
+    # Read by the analysis layer only (`studyrunner verify` / `analyze`); never part of a cell config or hash.
+    claims: list[Annotated[str, AfterValidator(_check_claim)]] = Field(
+        default_factory=list,
+        description="Findings the study expects, checked by `studyrunner verify`, e.g. "
+        "'eval_accuracy[loops=4] > eval_accuracy[loops=1]' (grammar: README, Analysis).",
+    )
+    failure: Annotated[str, AfterValidator(_check_rule)] | None = Field(
+        None,
+        description="When a finished trial counts as failed, e.g. 'eval_exact_match < 0.2 or halt_collapsed' "
+        "(failed trials always count).",
     )
 
     # Where the study came from, for error messages and for storing the file as written.

@@ -1,0 +1,265 @@
+"""A study's outcomes, read from the ledger and the curve store, ready for statistics.
+
+`load("quickstart")` reads the study as last submitted (its claims, `failure:` rule and metric come from
+the study file stored in the ledger); `load("studies/quickstart.yaml")` reads the file on disk instead, so
+claims added since the last submit are used, and trials the file adds but that have not run count as
+missing. Nothing here trains or writes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import SpecError, StudyrunnerError
+from ..spec.claims_grammar import GrammarError, Rule, parse_rule
+from ..store import CurveStore, Ledger
+
+DONE = ("succeeded", "failed", "diverged")
+FAILED_STATUSES = ("failed", "diverged")
+# Short selector keys and the trial-frame columns they stand for.
+ALIASES = {"family": "model.family", "task": "task.name", "cell": "cell", "baseline": "baseline", "seed": "seed"}
+_LOOPS_COLUMN = re.compile(r"^(?P<metric>.+)_loops_(?P<n>\d+)$")
+
+
+@dataclass
+class StudyData:
+    """One study's trials (a row per trial: config, status, final metrics, `failed`, `depth`)."""
+
+    name: str
+    trials: pd.DataFrame
+    metric: str = "eval_accuracy"
+    mode: str = "max"
+    claims: list[str] = field(default_factory=list)
+    failure_rule: Rule | None = None
+    missing: int = 0  # trials of the study (file) that have not finished
+    experiment_id: str | None = None
+    source: str = ""
+    curve_store: CurveStore | None = None
+    cells_order: list[str] = field(default_factory=list)  # cell_hash in study order
+
+    # --- derived views ----------------------------------------------------------------------------
+
+    @property
+    def done(self) -> pd.DataFrame:
+        """Finished trials (succeeded, failed or diverged): the seeds statistics are over."""
+        return self.trials[self.trials.status.isin(DONE)]
+
+    @property
+    def config_columns(self) -> list[str]:
+        return [c for c in self.trials.columns if "." in c]
+
+    @property
+    def varied_columns(self) -> list[str]:
+        """Config columns whose value differs between cells (the study's axes, baselines included)."""
+        cells = self.trials.drop_duplicates("cell_hash")
+        return [c for c in self.config_columns if cells[c].astype(str).nunique() > 1]
+
+    @cached_property
+    def curves(self) -> pd.DataFrame:
+        if self.curve_store is None:
+            return pd.DataFrame(columns=["trial_key", "step"])
+        return self.curve_store.read_study(self.name)
+
+    def column_for(self, key: str) -> str:
+        """The trial-frame column a selector key names: an alias, a dotted path or a unique leaf."""
+        if key in ALIASES:
+            return ALIASES[key]
+        if key in self.trials.columns and "." in key:
+            return key
+        leaves = [c for c in self.config_columns if c.rsplit(".", 1)[-1] == key]
+        if len(leaves) == 1:
+            return leaves[0]
+        if len(leaves) > 1:
+            varied = [c for c in leaves if c in self.varied_columns]
+            if len(varied) == 1:
+                return varied[0]
+            raise StudyrunnerError(f"{key!r} is ambiguous: write one of {', '.join(leaves)}")
+        axes = ", ".join(c.rsplit(".", 1)[-1] for c in self.varied_columns) or "none"
+        raise StudyrunnerError(
+            f"no config field {key!r} in study {self.name!r} (varied fields: {axes}; also cell, family, task, baseline)"
+        )
+
+    def select(self, selector: tuple[tuple[str, Any], ...], frame: pd.DataFrame | None = None) -> pd.DataFrame:
+        """Rows of `frame` (default: finished trials) matching every `key=value` of the selector."""
+        frame = self.done if frame is None else frame
+        mask = pd.Series(True, index=frame.index)
+        for key, value in selector:
+            column = self.column_for(key)
+            mask &= frame[column].map(lambda v, value=value: values_equal(v, value))
+        return frame[mask]
+
+
+def values_equal(a: Any, b: Any) -> bool:
+    """A config value equals a selector value: numbers numerically (4 == 4.0), bools as bools, else text."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b or (isinstance(a, bool) and isinstance(b, bool) and a == b)
+    if b is None:
+        return a is None or (isinstance(a, float) and math.isnan(a))
+    if isinstance(a, int | float | np.integer | np.floating) and isinstance(b, int | float):
+        return float(a) == float(b)
+    return str(a) == str(b)
+
+
+def effective_depth(row: pd.Series) -> float:
+    """D of a trial: the model's effective depth (k·L for looped models), times the measured fraction of
+    steps taken for halting families (mean ponder steps), so D is what the run actually used."""
+    depth = row.get("effective_depth")
+    if depth is None or pd.isna(depth):
+        return float("nan")
+    fraction = row.get("ponder_steps_fraction")
+    if fraction is not None and not pd.isna(fraction):
+        return float(depth) * float(fraction)
+    return float(depth)
+
+
+def depth_at_loops(row: pd.Series, loops: int) -> float:
+    """D when a trained model is evaluated at `loops` (eval.loops): the looped part scales with loops."""
+    depth, trained = row.get("effective_depth"), row.get("model.params.loops")
+    if depth is None or pd.isna(depth) or trained is None or pd.isna(trained) or not trained:
+        return float("nan")
+    fixed = sum(float(row.get(f"model.params.{k}") or 0) for k in ("prefix_layers", "suffix_layers"))
+    return fixed + (float(depth) - fixed) * loops / float(trained)
+
+
+def loops_columns(frame: pd.DataFrame, metric: str) -> dict[int, str]:
+    """{n: column} of the `{metric}_loops_{n}` columns (test-time depth) present in a trial frame."""
+    out = {}
+    for col in frame.columns:
+        m = _LOOPS_COLUMN.match(col)
+        if m and m["metric"] == metric:
+            out[int(m["n"])] = col
+    return dict(sorted(out.items()))
+
+
+def annotate(trials: pd.DataFrame, rule: Rule | None) -> pd.DataFrame:
+    """Add `failed` (status failed/diverged, or the failure rule holds), `depth` (D) and `baseline`."""
+    trials = trials.copy()
+    metric_cols = [c for c in trials.columns if "." not in c]
+
+    def failed(row: pd.Series) -> bool:
+        if row.status in FAILED_STATUSES:
+            return True
+        if row.status != "succeeded" or rule is None:
+            return False
+        metrics = {c: row[c] for c in metric_cols if not _missing(row[c])}
+        return rule(metrics)
+
+    trials["failed"] = trials.apply(failed, axis=1).astype(bool) if len(trials) else pd.Series(dtype=bool)
+    trials["depth"] = trials.apply(effective_depth, axis=1) if len(trials) else pd.Series(dtype=float)
+    # a crashed trial reports no depth: its cell's other seeds (same config) give the nominal one
+    if len(trials) and "effective_depth" in trials:
+        nominal = trials.groupby("cell_hash")["effective_depth"].transform("median")
+        trials["depth"] = trials["depth"].fillna(nominal)
+    kinds = trials["baseline_of"].fillna("") if "baseline_of" in trials else pd.Series("", index=trials.index)
+    trials["baseline"] = kinds.map(lambda s: ",".join(sorted({p.split(":")[0] for p in s.split(",") if p})))
+    return trials
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def load(
+    study: str,
+    db: str | None = None,
+    workspace: str | Path | None = None,
+    storage: str | None = None,
+    failure: str | None = None,
+) -> StudyData:
+    """Read a study by name (as last submitted) or by study file. `failure` overrides the file's rule."""
+    from ..results import trials_frame
+    from ..workspace import Workspace
+
+    ws = Workspace.resolve(workspace, db=db, storage=storage)
+    ledger = Ledger(ws.db_url, create=False)
+    spec, compiled = None, None
+    path = Path(study)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        from ..spec import load_and_compile
+
+        compiled = load_and_compile(path)
+        spec = compiled.study
+        name = spec.name
+    else:
+        name = study
+    row = ledger.get_study(name)
+    if spec is None:
+        spec, compiled = _spec_from_text(row.spec_text, name)
+    trials = trials_frame(ledger, name)
+    rule_text = failure if failure is not None else getattr(spec, "failure", None)
+    try:
+        rule = parse_rule(rule_text) if rule_text else None
+    except GrammarError as exc:
+        raise SpecError(f"failure rule: {exc}") from None
+    claims = list(getattr(spec, "claims", []) or [])
+    metric = spec.metric.name if spec is not None else "eval_accuracy"
+    mode = spec.metric.mode if spec is not None else "max"
+    if compiled is not None:
+        finished = set(trials.loc[trials.status.isin(DONE), "trial_key"])
+        wanted = {t.trial_key for t in compiled.trials}
+        missing = len(wanted - finished)
+        order = [c.cell_hash for c in compiled.cells]
+        # a study file may have fewer trials than the ledger holds (cells or seeds dropped): analyse its own
+        trials = trials[trials.trial_key.isin(wanted)] if path.is_file() else trials
+    else:
+        missing = int((~trials.status.isin(DONE)).sum())
+        order = list(dict.fromkeys(trials.cell_hash))
+    order += [h for h in dict.fromkeys(trials.cell_hash) if h not in order]
+    return StudyData(
+        name=name,
+        trials=annotate(trials.reset_index(drop=True), rule),
+        metric=metric,
+        mode=mode,
+        claims=claims,
+        failure_rule=rule,
+        missing=missing,
+        experiment_id=row.mlflow_experiment_id,
+        source=str(path) if path.is_file() else f"ledger {ws.db_url}",
+        curve_store=CurveStore(ws.storage),
+        cells_order=order,
+    )
+
+
+def _spec_from_text(text: str, name: str):
+    """The stored study file, parsed and compiled; None when today's schema no longer accepts it."""
+    from ..spec import compile_study, loads
+
+    try:
+        spec = loads(text, source=f"<study {name} in the ledger>")
+    except SpecError:
+        return None, None
+    try:
+        return spec, compile_study(spec)
+    except SpecError:
+        return spec, None
+
+
+def from_frame(
+    trials: pd.DataFrame,
+    name: str = "study",
+    metric: str = "eval_accuracy",
+    mode: str = "max",
+    failure: str | None = None,
+    claims: list[str] | None = None,
+) -> StudyData:
+    """A StudyData from a trials frame in `results.trials_frame`'s shape (tests, notebooks)."""
+    rule = parse_rule(failure) if failure else None
+    trials = annotate(trials.reset_index(drop=True), rule)
+    return StudyData(
+        name,
+        trials,
+        metric,
+        mode,
+        list(claims or []),
+        rule,
+        int((~trials.status.isin(DONE)).sum()),
+        cells_order=list(dict.fromkeys(trials.cell_hash)),
+    )

@@ -1,0 +1,447 @@
+"""Scaling fits of a metric against effective depth D (shared/reference/anchors_platforms.md §4).
+
+Forms (fitted with `scipy.optimize.least_squares`; `loss="huber"` or `"soft_l1"` for robustness):
+
+- `loglinear`:   y = α·ln D + β                                (seed 002's form)
+- `logistic`:    y = c + (top − c) / (1 + exp(−k·(ln D − m)))   (accuracies that saturate; top = 1 or 100)
+- `power_floor`: y = E + A·D^(−γ)                               (losses; fitted in log space as
+                 ln y = logsumexp(e, a − γ·ln D), Chinchilla's approach 3)
+
+Every form is scored in y space (R², RMSE, AIC and BIC through statsmodels' information criteria on the
+Gaussian likelihood), so forms can be compared. Uncertainty: a bootstrap over seeds stratified by D (or
+by cell), refitting each draw, gives percentile intervals for parameters and predictions; with one seed
+per D the interval comes from the Jacobian (t with n − p degrees of freedom) instead. The extrapolation
+error refits without the largest D and predicts it.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from scipy.optimize import least_squares
+from scipy.special import expit, logsumexp
+
+from .data import StudyData, depth_at_loops, loops_columns
+from .stats import CONFIDENCE, SEED
+
+N_BOOT = 1000  # bootstrap refits (closed-form log-linear fits); nonlinear forms use NONLINEAR_BOOT
+NONLINEAR_BOOT = 300
+
+
+@dataclass(frozen=True)
+class Form:
+    name: str
+    params: tuple[str, ...]
+    formula: str
+    # (theta, lnD) -> y;   starts: (lnD, y) -> list of starting thetas
+    predict: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    starts: Callable[[np.ndarray, np.ndarray], list[np.ndarray]]
+    log_space: bool = False  # fitted on ln y (power law)
+    # (lnD, y) -> (lower, upper) bounds on theta; None = unbounded
+    bounds: Callable[[np.ndarray, np.ndarray], tuple[list[float], list[float]]] | None = None
+
+
+def _loglinear_starts(lx, y):
+    slope, intercept = np.polyfit(lx, y, 1) if np.ptp(lx) > 0 else (0.0, float(np.mean(y)))
+    return [np.array([slope, intercept])]
+
+
+def _logistic(top: float) -> Form:
+    def predict(theta, lx):
+        c, k, m = theta
+        return c + (top - c) * expit(k * (lx - m))
+
+    def starts(lx, y):
+        c0 = float(min(np.min(y), top * 0.999))
+        return [np.array([c, k, m]) for c in (c0, 0.0) for k in (0.5, 2.0, 5.0) for m in np.quantile(lx, [0.25, 0.5, 0.75])]
+
+    def bounds(lx, y):  # c between min(0, y) and top; a finite steepness; the midpoint near the data
+        span = max(float(np.ptp(lx)), 1.0)
+        return ([min(0.0, float(np.min(y))), -50.0, float(lx.min()) - 2 * span], [top, 50.0, float(lx.max()) + 2 * span])
+
+    return Form(
+        "logistic",
+        ("c", "k", "m"),
+        f"y = c + ({top:g} − c)·σ(k·(ln D − m))",
+        predict,
+        starts,
+        bounds=bounds,
+    )
+
+
+def _power_predict(theta, lx):
+    e, a, g = theta
+    return np.exp(logsumexp(np.stack([np.full_like(lx, e), a - g * lx]), axis=0))
+
+
+def _power_starts(lx, y):
+    ly = np.log(y)
+    return [
+        np.array([e, a, g])
+        for e in (np.log(np.min(y) * 0.5), np.log(np.min(y) * 0.9))
+        for a in (float(np.max(ly)), float(np.max(ly)) + 1.0)
+        for g in (0.25, 0.5, 1.0, 2.0)
+    ]
+
+
+LOGLINEAR = Form("loglinear", ("alpha", "beta"), "y = α·ln D + β", lambda t, lx: t[0] * lx + t[1], _loglinear_starts)
+POWER_FLOOR = Form(
+    "power_floor",
+    ("E", "A", "gamma"),
+    "y = E + A·D^(−γ)",
+    _power_predict,
+    _power_starts,
+    True,
+    lambda lx, y: ([-np.inf, -np.inf, 0.0], [np.inf, np.inf, 10.0]),  # a decreasing curve with a floor
+)
+FORMS = ("loglinear", "logistic", "power_floor")
+
+
+def get_form(name: str, y: np.ndarray | None = None, top: float | None = None) -> Form | None:
+    if name == "loglinear":
+        return LOGLINEAR
+    if name == "power_floor":
+        return POWER_FLOOR if y is None or np.all(np.asarray(y) > 0) else None
+    if name == "logistic":
+        if top is None:
+            ymax = float(np.max(y)) if y is not None and len(y) else 1.0
+            top = 1.0 if ymax <= 1.0 else 100.0 if ymax <= 100.0 else None
+        return _logistic(top) if top is not None else None
+    raise ValueError(f"unknown form {name!r}; forms: {', '.join(FORMS)}")
+
+
+@dataclass
+class Fit:
+    form: str
+    formula: str
+    params: dict[str, float]
+    n: int
+    rss: float
+    r2: float
+    rmse: float
+    aic: float
+    bic: float
+    param_ci: dict[str, tuple[float, float]] = field(default_factory=dict)
+    ci_method: str = ""
+    extrapolation_error: float = math.nan  # observed mean at the largest D minus the prediction fitted without it
+    x: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
+    y: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
+    boot: np.ndarray | None = field(default=None, repr=False)  # bootstrap thetas (rows)
+    _form: Form | None = field(default=None, repr=False)
+    _theta: np.ndarray | None = field(default=None, repr=False)
+
+    def predict(self, depth) -> np.ndarray:
+        return self._form.predict(self._theta, np.log(np.asarray(depth, dtype=float)))
+
+    @property
+    def residuals(self) -> np.ndarray:
+        return self.y - self.predict(self.x)
+
+    def band(self, depth, confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray]:
+        """Pointwise interval of the fitted curve (bootstrap percentiles; NaN without a bootstrap)."""
+        depth = np.asarray(depth, dtype=float)
+        if self.boot is None or not len(self.boot):
+            nan = np.full(depth.shape, np.nan)
+            return nan, nan
+        lx = np.log(depth)
+        curves = np.array([self._form.predict(t, lx) for t in self.boot])
+        a = (1 - confidence) / 2
+        return np.quantile(curves, a, axis=0), np.quantile(curves, 1 - a, axis=0)
+
+    def row(self) -> dict:
+        out = {"form": self.form, "n": self.n, "r2": self.r2, "rmse": self.rmse, "aic": self.aic, "bic": self.bic}
+        for name, value in self.params.items():
+            lo, hi = self.param_ci.get(name, (math.nan, math.nan))
+            out.update({name: value, f"{name}_lo": lo, f"{name}_hi": hi})
+        out["extrapolation_error"] = self.extrapolation_error
+        out["ci"] = self.ci_method
+        return out
+
+
+def _solve(form: Form, lx: np.ndarray, y: np.ndarray, loss: str, f_scale: float, starts=None):
+    if form.name == "loglinear" and loss == "linear":  # ordinary least squares: the closed form
+        X = np.column_stack([lx, np.ones_like(lx)])
+        theta, *_ = np.linalg.lstsq(X, y, rcond=None)
+        r = X @ theta - y
+        return SimpleNamespace(x=theta, cost=0.5 * float(r @ r), jac=X)
+    target = np.log(y) if form.log_space else y
+
+    def residual(theta):
+        pred = form.predict(theta, lx)
+        return (np.log(pred) if form.log_space else pred) - target
+
+    best = None
+    lower, upper = form.bounds(lx, y) if form.bounds else ([-np.inf] * len(form.params), [np.inf] * len(form.params))
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        for start in starts if starts is not None else form.starts(lx, y):
+            start = np.clip(start, np.nextafter(lower, np.inf), np.nextafter(upper, -np.inf))
+            try:
+                res = least_squares(
+                    residual, start, loss=loss, f_scale=f_scale, method="trf", bounds=(lower, upper)
+                )
+            except (ValueError, np.linalg.LinAlgError):
+                continue
+            if np.all(np.isfinite(res.x)) and (best is None or res.cost < best.cost):
+                best = res
+    return best
+
+
+def _information(n: int, k: int, rss: float) -> tuple[float, float]:
+    from statsmodels.tools.eval_measures import aic, bic
+
+    if n <= 0 or rss <= 0:
+        return (-math.inf, -math.inf) if n > 0 else (math.nan, math.nan)
+    llf = -n / 2 * (math.log(2 * math.pi) + math.log(rss / n) + 1)
+    return float(aic(llf, n, k)), float(bic(llf, n, k))
+
+
+def fit(
+    depth,
+    y,
+    form: str = "loglinear",
+    strata=None,
+    loss: str = "linear",
+    f_scale: float = 1.0,
+    n_boot: int | None = None,
+    top: float | None = None,
+    confidence: float = CONFIDENCE,
+    extrapolate: bool = True,
+) -> Fit | None:
+    """Fit `form` to points (D, y). `strata` (default: D) groups the seeds the bootstrap resamples
+    within. None when the form cannot be fitted (too few distinct D, non-positive y for power_floor)."""
+    x = np.asarray(depth, dtype=float)
+    y = np.asarray(y, dtype=float)
+    ok = np.isfinite(x) & np.isfinite(y) & (x > 0)
+    x, y = x[ok], y[ok]
+    strata = np.asarray(strata)[ok] if strata is not None else x
+    f = get_form(form, y, top)
+    k = len(f.params) if f else 0
+    if f is None or len(np.unique(x)) < max(2, k) or len(y) < k:
+        return None
+    lx = np.log(x)
+    res = _solve(f, lx, y, loss, f_scale)
+    if res is None:
+        return None
+    theta = res.x
+    pred = f.predict(theta, lx)
+    rss = float(np.sum((y - pred) ** 2))
+    tss = float(np.sum((y - y.mean()) ** 2))
+    aic_, bic_ = _information(len(y), k, rss)
+    out = Fit(
+        form=f.name,
+        formula=f.formula,
+        params=_named(f, theta),
+        n=len(y),
+        rss=rss,
+        r2=1 - rss / tss if tss > 0 else math.nan,
+        rmse=math.sqrt(rss / len(y)),
+        aic=aic_,
+        bic=bic_,
+        x=x,
+        y=y,
+        _form=f,
+        _theta=theta,
+    )
+    groups = [np.flatnonzero(strata == s) for s in pd.unique(strata)]
+    if n_boot is None:
+        n_boot = N_BOOT if f.name == "loglinear" and loss == "linear" else NONLINEAR_BOOT
+    if any(len(g) > 1 for g in groups) and n_boot > 0:
+        rng = np.random.default_rng(SEED)
+        boot = []
+        for _ in range(n_boot):
+            idx = np.concatenate([g[rng.integers(0, len(g), len(g))] for g in groups])
+            if len(np.unique(x[idx])) < max(2, k):
+                continue
+            r = _solve(f, lx[idx], y[idx], loss, f_scale, starts=[theta])  # refit from the full-data optimum
+            if r is not None:
+                boot.append(r.x)
+        if boot:
+            out.boot = np.array(boot)
+            a = (1 - confidence) / 2
+            named = [_named(f, t) for t in out.boot]
+            for name in f.params:
+                vals = np.array([d[name] for d in named])
+                out.param_ci[name] = (float(np.quantile(vals, a)), float(np.quantile(vals, 1 - a)))
+            out.ci_method = f"bootstrap ({len(boot)} refits, stratified)"
+    if not out.param_ci:
+        out.param_ci = _asymptotic(f, res, len(y), confidence)
+        out.ci_method = "asymptotic (Jacobian, t)" if out.param_ci else ""
+    if extrapolate:
+        out.extrapolation_error = _leave_largest_out(f, x, y, loss, f_scale)
+    return out
+
+
+def _named(form: Form, theta: np.ndarray) -> dict[str, float]:
+    if form.name == "power_floor":
+        e, a, g = theta
+        return {"E": float(np.exp(e)), "A": float(np.exp(a)), "gamma": float(g)}
+    return {name: float(v) for name, v in zip(form.params, theta, strict=True)}
+
+
+def _asymptotic(form: Form, res, n: int, confidence: float) -> dict[str, tuple[float, float]]:
+    k = len(res.x)
+    if n <= k:
+        return {}
+    s2 = 2 * res.cost / (n - k)
+    try:
+        cov = s2 * np.linalg.inv(res.jac.T @ res.jac)
+    except np.linalg.LinAlgError:
+        return {}
+    half = stats.t.ppf(0.5 + confidence / 2, n - k) * np.sqrt(np.clip(np.diag(cov), 0, None))
+    lo, hi = _named(form, res.x - half), _named(form, res.x + half)
+    return {name: (min(lo[name], hi[name]), max(lo[name], hi[name])) for name in lo}
+
+
+def _leave_largest_out(form: Form, x, y, loss, f_scale) -> float:
+    top = x.max()
+    keep = x < top
+    if len(np.unique(x[keep])) < max(2, len(form.params)) or keep.sum() < len(form.params):
+        return math.nan
+    res = _solve(form, np.log(x[keep]), y[keep], loss, f_scale)
+    if res is None:
+        return math.nan
+    return float(np.mean(y[~keep]) - form.predict(res.x, np.log(np.array([top])))[0])
+
+
+# --- study-level helpers -------------------------------------------------------------------------
+
+
+def scaling_points(data: StudyData, metric: str | None = None, source: str = "trained", successful: bool = True):
+    """Points (trial, D, y) to fit: `trained` uses each trial's D (measured for halting families);
+    `loops` uses the test-time depth columns `{metric}_loops_{n}` (eval.loops) of every trial."""
+    metric = metric or data.metric
+    done = data.done[~data.done.failed] if successful else data.done
+    cols = ["trial_key", "cell_hash", "cell", "seed", "baseline", "depth", "y"]
+    if source == "trained":
+        if metric not in done:
+            return pd.DataFrame(columns=cols)
+        pts = done.assign(y=done[metric])
+        return pts[[*cols[:-1], "y", *data.config_columns]].dropna(subset=["depth", "y"])
+    rows = []
+    for n, col in loops_columns(done, metric).items():
+        part = done.assign(y=done[col], depth=done.apply(lambda r, n=n: depth_at_loops(r, n), axis=1))
+        rows.append(part)
+    if not rows:
+        return pd.DataFrame(columns=cols)
+    pts = pd.concat(rows, ignore_index=True)
+    return pts[[*cols[:-1], "y", *data.config_columns]].dropna(subset=["depth", "y"])
+
+
+def fit_forms(points: pd.DataFrame, forms=FORMS, strata: str = "depth", **kwargs) -> list[Fit]:
+    """Every form that can be fitted to `points`, best BIC first."""
+    fits = [fit(points.depth, points.y, form, strata=points[strata].to_numpy(), **kwargs) for form in forms]
+    fits = [f for f in fits if f is not None]
+    return sorted(fits, key=lambda f: f.bic if np.isfinite(f.bic) else -math.inf)
+
+
+def fit_table(fits: list[Fit]) -> pd.DataFrame:
+    return pd.DataFrame([f.row() for f in fits])
+
+
+def fit_groups(
+    points: pd.DataFrame, by: str, form: str = "loglinear", ref=None, param: str = "alpha", **kwargs
+) -> pd.DataFrame:
+    """Fit `form` per value of column `by`; the slope ratio param_group / param_ref with a bootstrap
+    interval (independent draws of the two groups' refits); ref defaults to the first group."""
+    fits = {}
+    for value, group in points.groupby(by, sort=False, dropna=False):
+        f = fit(group.depth, group.y, form, strata=group.depth.to_numpy(), **kwargs)
+        if f is not None:
+            fits[value] = f
+    if not fits:
+        return pd.DataFrame()
+    ref = ref if ref in fits else next(iter(fits))
+    rows = []
+    for value, f in fits.items():
+        row = {by: value, **f.row()}
+        r = fits[ref]
+        p, pr = f.params.get(param, math.nan), r.params.get(param, math.nan)
+        row["ref"] = ref
+        row["ratio"] = p / pr if pr else math.nan
+        lo = hi = math.nan
+        if f.boot is not None and r.boot is not None and value != ref:
+            idx = f._form.params.index(param) if param in f._form.params else None
+            if idx is not None:
+                m = min(len(f.boot), len(r.boot))
+                with np.errstate(all="ignore"):
+                    ratios = f.boot[:m, idx] / r.boot[:m, idx]
+                ratios = ratios[np.isfinite(ratios)]
+                if len(ratios):
+                    lo, hi = np.quantile(ratios, [(1 - CONFIDENCE) / 2, 1 - (1 - CONFIDENCE) / 2])
+        row["ratio_lo"], row["ratio_hi"] = float(lo), float(hi)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def percent_gap(data: StudyData, metric: str | None = None, n_boot: int = N_BOOT) -> pd.DataFrame:
+    """Seed 002's %Gap for every looped cell with iso-param and iso-FLOP baselines:
+    100 · (looped − iso_param) / (iso_flop − iso_param), on cell means, with a bootstrap interval
+    (each cell's seeds resampled independently)."""
+    metric = metric or data.metric
+    done = data.done
+    if metric not in done or "baseline_of" not in done:
+        return pd.DataFrame()
+    by_kind: dict[str, dict[str, str]] = {}
+    for _, row in done.drop_duplicates("cell_hash").iterrows():
+        for part in str(row.baseline_of or "").split(","):
+            if ":" in part:
+                kind, looped = part.split(":", 1)
+                by_kind.setdefault(looped, {})[kind] = row.cell_hash
+    rng = np.random.default_rng(SEED)
+    rows = []
+    for looped, kinds in by_kind.items():
+        if "iso_param" not in kinds or "iso_flop" not in kinds:
+            continue
+        vals = [done.loc[done.cell_hash == h, metric].dropna().to_numpy(float) for h in (looped, *[kinds[k] for k in ("iso_param", "iso_flop")])]
+        if any(not len(v) for v in vals):
+            continue
+        loop, param, flop = (v.mean() for v in vals)
+        gap = 100 * (loop - param) / (flop - param) if flop != param else math.nan
+        draws = []
+        if n_boot and any(len(v) > 1 for v in vals):
+            for _ in range(n_boot):
+                lp, pp, fp = (v[rng.integers(0, len(v), len(v))].mean() for v in vals)
+                if fp != pp:
+                    draws.append(100 * (lp - pp) / (fp - pp))
+        lo, hi = np.quantile(draws, [0.025, 0.975]) if draws else (math.nan, math.nan)
+        label = done.loc[done.cell_hash == looped, "cell"]
+        rows.append(
+            {
+                "cell": label.iloc[0] if len(label) else looped,
+                "looped": loop,
+                "iso_param": param,
+                "iso_flop": flop,
+                "gap_pct": gap,
+                "gap_lo": float(lo),
+                "gap_hi": float(hi),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def failure_vs_depth(data: StudyData) -> dict[str, float]:
+    """p_fail(D) by logistic regression on ln D (statsmodels); empty when failures do not vary."""
+    import statsmodels.api as sm
+
+    done = data.done.dropna(subset=["depth"])
+    done = done[done.depth > 0]
+    y = done.failed.astype(float).to_numpy()
+    if len(done) < 3 or y.min() == y.max() or done.depth.nunique() < 2:
+        return {}
+    X = sm.add_constant(np.log(done.depth.to_numpy(float)))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = sm.GLM(y, X, family=sm.families.Binomial()).fit()
+    except Exception:  # noqa: BLE001 - perfect separation and friends
+        return {}
+    lo, hi = res.conf_int()[1]
+    return {"slope": float(res.params[1]), "slope_lo": float(lo), "slope_hi": float(hi), "n": len(y)}

@@ -1,0 +1,343 @@
+"""Seed statistics: per-cell summaries, failure rates, bimodality, paired comparisons, time to solve.
+
+Following shared/reference/anchors_platforms.md §4: mean ± sd (ddof=1) with n, a 95% t-interval and a BCa
+bootstrap interval (`scipy.stats.bootstrap`), the median, the IQM (`scipy.stats.trim_mean(x, 0.25)`) with a
+stratified-bootstrap interval, the failure rate with a Wilson interval (statsmodels), and the
+success-conditional mean beside (never instead of) the unconditional one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from .data import StudyData
+
+CONFIDENCE = 0.95
+N_RESAMPLES = 2000
+SEED = 0  # bootstrap RNG seed: the same ledger gives the same intervals
+BIMODAL_SEPARATION = 4.0  # gap between seed clusters, in units of their spread, that counts as bimodal
+BIMODAL_FLOOR = 0.05  # spread is at least this fraction of the metric's scale (max |value|, range)
+
+
+def _clean(values) -> np.ndarray:
+    x = np.asarray(values, dtype=float)
+    return x[np.isfinite(x)]
+
+
+def t_interval(values, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    x = _clean(values)
+    if len(x) < 2:
+        return (math.nan, math.nan)
+    half = stats.t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
+    return (float(x.mean() - half), float(x.mean() + half))
+
+
+def bca_interval(
+    values, statistic: Callable = np.mean, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES
+) -> tuple[float, float]:
+    """BCa bootstrap interval (scipy); NaN for fewer than 3 values or no spread (BCa is undefined)."""
+    x = _clean(values)
+    if len(x) < 3 or np.ptp(x) == 0:
+        return (math.nan, math.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = stats.bootstrap(
+            (x,),
+            statistic,
+            confidence_level=confidence,
+            n_resamples=n_resamples,
+            method="BCa",
+            vectorized=True,
+            rng=np.random.default_rng(SEED),
+        )
+    return (float(res.confidence_interval.low), float(res.confidence_interval.high))
+
+
+def iqm(values) -> float:
+    x = _clean(values)
+    return float(stats.trim_mean(x, 0.25)) if len(x) else math.nan
+
+
+def stratified_bootstrap(
+    groups: Sequence[Sequence[float]],
+    statistic: Callable[[np.ndarray], float],
+    confidence: float = CONFIDENCE,
+    n_resamples: int = N_RESAMPLES,
+) -> tuple[float, float]:
+    """Percentile interval of `statistic` over the pooled values, resampling within each group (stratum),
+    as rliable does across tasks. NaN when no group has two values."""
+    groups = [_clean(g) for g in groups]
+    groups = [g for g in groups if len(g)]
+    if not groups or all(len(g) < 2 for g in groups):
+        return (math.nan, math.nan)
+    rng = np.random.default_rng(SEED)
+    draws = np.empty(n_resamples)
+    for b in range(n_resamples):
+        draws[b] = statistic(np.concatenate([g[rng.integers(0, len(g), len(g))] for g in groups]))
+    alpha = (1 - confidence) / 2
+    return (float(np.quantile(draws, alpha)), float(np.quantile(draws, 1 - alpha)))
+
+
+def wilson(failures: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Wilson score interval of failures/n (statsmodels)."""
+    from statsmodels.stats.proportion import proportion_confint
+
+    if n == 0:
+        return (math.nan, math.nan)
+    lo, hi = proportion_confint(failures, n, alpha=1 - confidence, method="wilson")
+    return (float(lo), float(hi))
+
+
+def bimodality(values, scale: float | None = None) -> tuple[bool, float]:
+    """(flag, separation): seeds split into two clusters whose gap is at least BIMODAL_SEPARATION times
+    their spread. The spread is the pooled within-cluster sd, floored at BIMODAL_FLOOR x `scale` (default:
+    the largest |value| or range of these values), so three seeds at 57.4, 57.4, 54.4 are one mode while
+    55.5, 55.8, 5.4 are two. Needs 3 seeds."""
+    x = np.sort(_clean(values))
+    if len(x) < 3:
+        return (False, math.nan)
+    scale = scale if scale is not None else max(np.abs(x).max(), np.ptp(x))
+    floor = BIMODAL_FLOOR * scale if scale > 0 else 0.0
+    best = 0.0
+    for i in range(1, len(x)):
+        lo, hi = x[:i], x[i:]
+        ss = ((lo - lo.mean()) ** 2).sum() + ((hi - hi.mean()) ** 2).sum()
+        spread = max(math.sqrt(ss / max(len(x) - 2, 1)), floor)
+        if spread == 0:
+            continue
+        best = max(best, (hi[0] - lo[-1]) / spread)
+    return (bool(best >= BIMODAL_SEPARATION), float(best))
+
+
+def describe(values, scale: float | None = None) -> dict[str, float]:
+    """Seed summary of one cell's values (NaN for what needs more seeds)."""
+    x = _clean(values)
+    n = len(x)
+    t_lo, t_hi = t_interval(x)
+    bca_lo, bca_hi = bca_interval(x)
+    iqm_lo, iqm_hi = stratified_bootstrap([x], iqm)
+    flag, separation = bimodality(x, scale)
+    return {
+        "n": n,
+        "mean": float(x.mean()) if n else math.nan,
+        "sd": float(x.std(ddof=1)) if n > 1 else math.nan,
+        "t_lo": t_lo,
+        "t_hi": t_hi,
+        "bca_lo": bca_lo,
+        "bca_hi": bca_hi,
+        "median": float(np.median(x)) if n else math.nan,
+        "iqm": iqm(x),
+        "iqm_lo": iqm_lo,
+        "iqm_hi": iqm_hi,
+        "min": float(x.min()) if n else math.nan,
+        "max": float(x.max()) if n else math.nan,
+        "bimodal": flag,
+        "separation": separation,
+    }
+
+
+def metric_scale(data: StudyData, metric: str) -> float | None:
+    """The metric's scale over the whole study (for the bimodality floor)."""
+    if metric not in data.trials:
+        return None
+    x = _clean(data.done[metric])
+    return float(max(np.abs(x).max(), np.ptp(x))) if len(x) else None
+
+
+def cell_stats(data: StudyData, metric: str | None = None) -> pd.DataFrame:
+    """One row per cell: seed statistics of `metric` (default: the study metric), failures and missing.
+
+    `mean` is over every finished seed that reported the metric (failures included); `mean_success` over
+    the seeds that did not fail. Trials still pending or running count in `missing`."""
+    metric = metric or data.metric
+    scale = metric_scale(data, metric)
+    rows = []
+    for cell_hash in data.cells_order:
+        trials = data.trials[data.trials.cell_hash == cell_hash]
+        if trials.empty:
+            continue
+        done = trials[trials.status.isin(("succeeded", "failed", "diverged"))]
+        values = done[metric] if metric in done else pd.Series(dtype=float)
+        failures, n_done = int(done.failed.sum()), len(done)
+        lo, hi = wilson(failures, n_done)
+        success = values[~done.failed] if len(values) else values
+        row = {
+            "cell": trials.cell.iloc[0],
+            "cell_hash": cell_hash,
+            "baseline": trials.baseline.iloc[0],
+            "depth": float(trials.depth.median()) if trials.depth.notna().any() else math.nan,
+            **describe(values, scale),
+            "seeds_done": n_done,
+            "failures": failures,
+            "failure_rate": failures / n_done if n_done else math.nan,
+            "failure_lo": lo,
+            "failure_hi": hi,
+            "mean_success": float(_clean(success).mean()) if len(_clean(success)) else math.nan,
+            "n_success": len(_clean(success)),
+            "missing": int((~trials.status.isin(("succeeded", "failed", "diverged"))).sum()),
+        }
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# --- paired comparisons ---------------------------------------------------------------------------
+
+
+def probability_of_improvement(a, b) -> float:
+    """P(a > b) + P(a = b)/2 over all pairs of seeds (rliable's definition, via Mann-Whitney U)."""
+    a, b = _clean(a), _clean(b)
+    if not len(a) or not len(b):
+        return math.nan
+    u = stats.mannwhitneyu(a, b, alternative="two-sided").statistic
+    return float(u / (len(a) * len(b)))
+
+
+def paired_difference(a: pd.Series, b: pd.Series, confidence: float = CONFIDENCE) -> dict[str, float]:
+    """a, b indexed by seed: the difference a - b over shared seeds, with a paired t-interval and a paired
+    bootstrap interval (BCa with 3+ distinct differences, else percentile)."""
+    both = pd.concat([a.rename("a"), b.rename("b")], axis=1, join="inner").dropna()
+    d = (both.a - both.b).to_numpy(float)
+    n = len(d)
+    out = {"pairs": n, "diff": float(d.mean()) if n else math.nan, "p_improve": probability_of_improvement(both.a, both.b)}
+    out["wins"] = float((d > 0).mean()) if n else math.nan
+    out["t_lo"], out["t_hi"] = t_interval(d, confidence)
+    if n >= 3 and np.ptp(d) > 0:
+        out["boot_lo"], out["boot_hi"] = bca_interval(d, confidence=confidence)
+    else:
+        out["boot_lo"], out["boot_hi"] = stratified_bootstrap([d], np.mean, confidence)
+    return out
+
+
+def paired_comparisons(data: StudyData, metric: str | None = None, limit: int = 200) -> pd.DataFrame:
+    """Cells that differ in one axis (or a baseline and its looped cell), compared over shared seeds."""
+    metric = metric or data.metric
+    done = data.done
+    if metric not in done or done.empty:
+        return pd.DataFrame()
+    cells = done.drop_duplicates("cell_hash").set_index("cell_hash")
+    axes = data.varied_columns
+    baseline_of = {h: str(cells.loc[h, "baseline_of"] or "") for h in cells.index}
+    rows = []
+    order = [h for h in data.cells_order if h in cells.index]
+    for h1, h2 in itertools.combinations(order, 2):
+        differ = [c for c in axes if str(cells.loc[h1, c]) != str(cells.loc[h2, c])]
+        linked = h1 in baseline_of[h2] or h2 in baseline_of[h1]
+        if len(differ) != 1 and not linked:
+            continue
+        a = done[done.cell_hash == h1].set_index("seed")[metric]
+        b = done[done.cell_hash == h2].set_index("seed")[metric]
+        res = paired_difference(b, a)  # second cell minus first, over shared seeds, in metric units
+        if data.mode == "min":  # "better" follows the study's direction
+            res["p_improve"] = paired_difference(-b, -a)["p_improve"]
+        rows.append(
+            {
+                "cell_a": cells.loc[h1, "cell"],
+                "cell_b": cells.loc[h2, "cell"],
+                "differs_in": ", ".join(c.rsplit(".", 1)[-1] for c in differ) or "baseline",
+                "pairs": res["pairs"],
+                "diff_b_minus_a": res["diff"],
+                "t_lo": res["t_lo"],
+                "t_hi": res["t_hi"],
+                "boot_lo": res["boot_lo"],
+                "boot_hi": res["boot_hi"],
+                "p_b_better": res["p_improve"],
+            }
+        )
+        if len(rows) >= limit:
+            break
+    return pd.DataFrame(rows)
+
+
+# --- curves ---------------------------------------------------------------------------------------
+
+
+def time_to_solve(data: StudyData, metric: str | None = None, threshold: float | None = None) -> pd.DataFrame:
+    """Per trial: the first step at which `metric` reaches `threshold` (>= for mode max, <= for min), or
+    the last logged step, censored, when it never does. Default threshold: 90% of the best cell mean."""
+    metric = metric or data.metric
+    curves = data.curves
+    if metric not in curves or curves.empty:
+        return pd.DataFrame(columns=["trial_key", "cell", "seed", "step", "solved"])
+    if threshold is None:
+        threshold = default_threshold(data, metric)
+    rows = []
+    done = data.done.set_index("trial_key")
+    for key, curve in curves.dropna(subset=[metric]).groupby("trial_key"):
+        if key not in done.index:
+            continue
+        curve = curve.sort_values("step")
+        hit = curve[metric] >= threshold if data.mode == "max" else curve[metric] <= threshold
+        solved = bool(hit.any())
+        step = int(curve.step[hit].iloc[0]) if solved else int(curve.step.iloc[-1])
+        rows.append(
+            {
+                "trial_key": key,
+                "cell_hash": done.loc[key, "cell_hash"],
+                "cell": done.loc[key, "cell"],
+                "seed": int(done.loc[key, "seed"]),
+                "step": step,
+                "solved": solved,
+                "threshold": threshold,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def default_threshold(data: StudyData, metric: str) -> float:
+    means = data.done.groupby("cell_hash")[metric].mean().dropna() if metric in data.done else pd.Series()
+    if means.empty:
+        return math.nan
+    return float(0.9 * means.max()) if data.mode == "max" else float(1.1 * means.min())
+
+
+def time_to_solve_summary(per_trial: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: seeds solved of n, and the Kaplan-Meier median step to solve (`scipy.stats.ecdf` on
+    censored data; NaN when fewer than half the seeds solve)."""
+    rows = []
+    for cell_hash, group in per_trial.groupby("cell_hash", sort=False):
+        solved = group[group.solved].step.to_numpy(float)
+        censored = group[~group.solved].step.to_numpy(float)
+        median = math.nan
+        if len(solved):
+            sample = stats.CensoredData(uncensored=solved, right=censored)
+            sf = stats.ecdf(sample).sf
+            below = sf.quantiles[sf.probabilities <= 0.5]
+            median = float(below[0]) if len(below) else math.nan
+        rows.append(
+            {
+                "cell": group.cell.iloc[0],
+                "cell_hash": cell_hash,
+                "solved": int(group.solved.sum()),
+                "seeds": len(group),
+                "median_step": median,
+                "first_step": float(solved.min()) if len(solved) else math.nan,
+                "last_step": float(solved.max()) if len(solved) else math.nan,
+                "threshold": float(group.threshold.iloc[0]),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def performance_profile(data: StudyData, metric: str | None = None, taus: np.ndarray | None = None) -> pd.DataFrame:
+    """Fraction of each cell's seeds whose metric is above tau (below, for mode min), over a tau grid."""
+    metric = metric or data.metric
+    done = data.done
+    if metric not in done or done[metric].dropna().empty:
+        return pd.DataFrame()
+    x = done[metric].dropna()
+    taus = taus if taus is not None else np.linspace(x.min(), x.max(), 101)
+    out = {"tau": taus}
+    for cell_hash in data.cells_order:
+        values = _clean(done.loc[done.cell_hash == cell_hash, metric])
+        if not len(values):
+            continue
+        label = done.loc[done.cell_hash == cell_hash, "cell"].iloc[0]
+        out[label] = [(values > t).mean() if data.mode == "max" else (values < t).mean() for t in taus]
+    return pd.DataFrame(out)

@@ -389,6 +389,46 @@ def ui(
     raise typer.Exit(serve(ws.tracking_uri, host, port, log_path, ready))
 
 
+db_app = typer.Typer(
+    help="The results ledger's schema: show its revision, upgrade an older ledger.", no_args_is_help=True
+)
+app.add_typer(db_app, name="db")
+
+
+def _db_engine(workspace: Path | None, db: str | None):
+    from .store.db import make_engine
+
+    ws = _workspace(workspace, db)
+    path = ws.db_url.removeprefix("sqlite:///") if ws.db_url.startswith("sqlite:///") else None
+    if path is not None and not Path(path).is_file():
+        raise StudyrunnerError(f"no results ledger at {path!r} (check --db / --workspace / STUDYRUNNER_HOME)")
+    return ws.db_url, make_engine(ws.db_url)
+
+
+@db_app.command("current")
+@user_errors
+def db_current(db: DbOpt = None, workspace: WorkspaceOpt = None):
+    """Print the ledger's schema revision and the one this version of studyrunner needs."""
+    from .store import schema as ledger_schema
+
+    url, engine = _db_engine(workspace, db)
+    out.print(
+        f"{url}: revision {ledger_schema.current(engine)} (this studyrunner: {ledger_schema.head()})", markup=False
+    )
+
+
+@db_app.command("upgrade")
+@user_errors
+def db_upgrade(db: DbOpt = None, workspace: WorkspaceOpt = None):
+    """Upgrade an existing ledger to the schema this studyrunner needs (keeps every row)."""
+    from .store import schema as ledger_schema
+
+    url, engine = _db_engine(workspace, db)
+    before, after = ledger_schema.upgrade(engine)
+    message = "already at" if before == after else f"upgraded from {before} to"
+    err.print(f"{url}: {message} revision {after}", markup=False)
+
+
 @app.command()
 def schema():
     """Print the JSON Schema of study files (for editor autocompletion)."""

@@ -56,9 +56,13 @@ def ledger(request, tmp_path):
     url = request.getfixturevalue("postgres_url")
     led = Ledger(url)
     yield led
+    from sqlalchemy import text
+
     from studyrunner.store.db import Base
 
     Base.metadata.drop_all(led.engine)
+    with led.engine.begin() as conn:
+        conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
 
 
 def test_register_is_idempotent_and_skips_only_succeeded(ledger):
@@ -143,3 +147,85 @@ def test_cell_summary_orders_by_mode_and_counts_failed_seeds(tmp_path):
     succeeded_only = ledger.trials("tiny")
     assert cell_summary(trials_frame(ledger, "tiny").iloc[0:0], "eval_accuracy").empty
     assert len(succeeded_only) == 4
+
+
+# --- schema revisions (Alembic) --------------------------------------------------------------------
+
+
+def _first_release_ledger(url: str) -> None:
+    """A ledger as the first release wrote it: revision 0001's tables, no version table, one study."""
+    from alembic import command
+    from sqlalchemy import create_engine, text
+
+    from studyrunner.store import schema
+
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        command.upgrade(schema._config(conn), "0001")
+        conn.execute(text("DROP TABLE alembic_version"))
+        conn.execute(
+            text("INSERT INTO studies VALUES ('old', '', 'name: old', 'h', NULL, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)")
+        )
+        conn.execute(text("INSERT INTO cells VALUES ('old', 'c0', 'base', '{}', '{}', NULL)"))
+        conn.execute(
+            text(
+                "INSERT INTO trials VALUES ('old-c0-s0', 'old', 'c0', 0, 'succeeded', 1, CURRENT_TIMESTAMP, "
+                "NULL, NULL, NULL, '{\"eval_accuracy\": 0.5}', NULL)"
+            )
+        )
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_url(request, tmp_path):
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.db'}"
+        return
+    url = request.getfixturevalue("postgres_url")
+    yield url
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        for table in ("trials", "cells", "studies", "alembic_version"):
+            conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
+    engine.dispose()
+
+
+def test_an_older_ledger_is_refused_until_db_upgrade_which_keeps_its_rows(empty_url):
+    from typer.testing import CliRunner
+
+    from studyrunner.cli import app
+    from studyrunner.errors import StudyrunnerError
+
+    _first_release_ledger(empty_url)
+    for create in (True, False):  # submit and status alike say what to run
+        with pytest.raises(StudyrunnerError, match=r"revision 0001, this studyrunner needs 0002.*db upgrade"):
+            Ledger(empty_url, create=create)
+    runner = CliRunner()
+    assert "revision 0001" in runner.invoke(app, ["db", "current", "--db", empty_url]).output
+    result = runner.invoke(app, ["db", "upgrade", "--db", empty_url])
+    assert result.exit_code == 0 and "upgraded from 0001 to revision 0002" in result.output
+    ledger = Ledger(empty_url)
+    (row,) = ledger.trials("old")
+    assert row.status == "succeeded" and row.metrics == {"eval_accuracy": 0.5}
+    ledger.register(compile_study(loads(TINY_STUDY.replace("seeds: [0, 1]", "baselines: [iso_flop]\nseeds: [0]"))))
+    assert any(c.baseline_of for c in ledger.cells("tiny"))
+    assert "already at revision 0002" in runner.invoke(app, ["db", "upgrade", "--db", empty_url]).output
+
+
+def test_migrating_from_nothing_gives_exactly_the_declared_tables(empty_url):
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+    from sqlalchemy import create_engine
+
+    from studyrunner.store import schema
+    from studyrunner.store.db import Base
+
+    engine = create_engine(empty_url)
+    schema.upgrade(engine)
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    assert diff == []
+    assert schema.current(engine) == schema.head()
+    engine.dispose()

@@ -101,12 +101,17 @@ POWER_FLOOR = Form(
     True,
     lambda lx, y: ([-np.inf, -np.inf, 0.0], [np.inf, np.inf, 10.0]),  # a decreasing curve with a floor
 )
+# y = α·x + β, for claims on a plain regressor (`slope(y ~ memory_slots)`); x enters as exp(ln x), so
+# callers shift x to be positive (the slope does not change).
+LINEAR = Form("linear", ("alpha", "beta"), "y = α·x + β", lambda t, lx: t[0] * np.exp(lx) + t[1], lambda lx, y: [])
 FORMS = ("loglinear", "logistic", "power_floor")
 
 
 def get_form(name: str, y: np.ndarray | None = None, top: float | None = None) -> Form | None:
     if name == "loglinear":
         return LOGLINEAR
+    if name == "linear":
+        return LINEAR
     if name == "power_floor":
         return POWER_FLOOR if y is None or np.all(np.asarray(y) > 0) else None
     if name == "logistic":
@@ -166,8 +171,8 @@ class Fit:
 
 
 def _solve(form: Form, lx: np.ndarray, y: np.ndarray, loss: str, f_scale: float, starts=None):
-    if form.name == "loglinear" and loss == "linear":  # ordinary least squares: the closed form
-        X = np.column_stack([lx, np.ones_like(lx)])
+    if form.name in ("loglinear", "linear") and loss == "linear":  # ordinary least squares: the closed form
+        X = np.column_stack([lx if form.name == "loglinear" else np.exp(lx), np.ones_like(lx)])
         theta, *_ = np.linalg.lstsq(X, y, rcond=None)
         r = X @ theta - y
         return SimpleNamespace(x=theta, cost=0.5 * float(r @ r), jac=X)
@@ -252,7 +257,7 @@ def fit(
     )
     groups = [np.flatnonzero(strata == s) for s in pd.unique(strata)]
     if n_boot is None:
-        n_boot = N_BOOT if f.name == "loglinear" and loss == "linear" else NONLINEAR_BOOT
+        n_boot = N_BOOT if f.name in ("loglinear", "linear") and loss == "linear" else NONLINEAR_BOOT
     if any(len(g) > 1 for g in groups) and n_boot > 0:
         rng = np.random.default_rng(SEED)
         boot = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
 import traceback
 
@@ -89,6 +90,7 @@ class Recorder(DriverCallback):
             self.ledger.mark_succeeded(key, final)
         else:
             self.ledger.mark_failed(key, "trial ended without reporting final metrics")
+        self._log_cell_aggregates(key)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         """A retry (FailureConfig.max_failures): close this attempt as failed; the next gets a new run."""
@@ -102,6 +104,25 @@ class Recorder(DriverCallback):
         self._ensure_run(key)
         self._close(key, "FAILED")
         self.ledger.mark_failed(key, _error_text(trial))
+        self._log_cell_aggregates(key)
+
+    def _log_cell_aggregates(self, key: str) -> None:
+        """The cell's parent run gets the study metric's seed aggregates (mean, sd, n, failure rate) at
+        step = seeds finished, so the MLflow runs table compares cells while the study runs."""
+        from ..analysis.live import rule_from, seed_aggregates
+
+        cell_hash = self.trials[key].cell_hash
+        parent = self.parent_runs.get(cell_hash)
+        if parent is None:
+            return
+        try:
+            keys = [k for k, t in self.trials.items() if t.cell_hash == cell_hash]
+            rows = [(r.status, r.metrics) for r in self.ledger.trials(self.study.name, keys)]
+            aggregates = seed_aggregates(rows, self.study.metric.name, rule_from(self.study.failure))
+            self.tracker.log_metrics(parent, int(aggregates["seeds_done"]), aggregates)
+            self.tracker.end(parent, "FINISHED")  # the parent run spans its seeds
+        except Exception as exc:  # noqa: BLE001 - a summary must never stop the study
+            logging.getLogger(__name__).warning("could not log seed aggregates of cell %s: %s", cell_hash, exc)
 
     def abandon(self) -> list[str]:
         """After an interrupted fit: close the runs still open as KILLED, keep their partial curves."""

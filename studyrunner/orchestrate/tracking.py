@@ -91,15 +91,19 @@ class Tracker:
             ) from None
 
     def experiment(self, study: str, artifact_location: str, description: str = "") -> str:
+        from ..analysis.mlflow_ui import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+
         exp = self.client.get_experiment_by_name(study)
-        if exp is None:
+        if exp is None:  # tagged as model training, so MLflow's UI opens on the runs, not the GenAI pages
             return self.client.create_experiment(
                 study,
                 artifact_location=artifact_location,
-                tags={"study": study, "mlflow.note.content": description},
+                tags={"study": study, "mlflow.note.content": description, EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
             )
         if exp.lifecycle_stage == "deleted":
             self.client.restore_experiment(exp.experiment_id)
+        if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # an experiment from before the tag
+            self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
 
     def _tags(self, study: str, source: str) -> dict[str, str]:

@@ -51,24 +51,8 @@ class CellRow(Base):
     config: Mapped[dict[str, Any]]
     overrides: Mapped[dict[str, Any]]
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64))  # the cell's parent run
-    # [[kind, looped cell_hash], ...] when this cell is a matched baseline (`baselines:`); added after
-    # ledgers existed, so `add_missing_columns` adds it to old ones.
+    # [[kind, looped cell_hash], ...] when this cell is a matched baseline (`baselines:`); revision 0002
     baseline_of: Mapped[list | None] = mapped_column(JSON, nullable=True)
-
-
-# Nullable columns added since the first release: (table, column, SQL type). Until Alembic arrives
-# (the reliability work), opening a ledger for writing adds the ones an older ledger lacks.
-ADDED_COLUMNS = [("cells", "baseline_of", "JSON")]
-
-
-def add_missing_columns(engine: Engine) -> None:
-    from sqlalchemy import inspect, text
-
-    inspector = inspect(engine)
-    for table, column, sql_type in ADDED_COLUMNS:
-        if column not in {c["name"] for c in inspector.get_columns(table)}:
-            with engine.begin() as conn:
-                conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
 
 
 class TrialRow(Base):

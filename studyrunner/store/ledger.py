@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, inspect, select
+from sqlalchemy import func, select
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import StudyrunnerError
-from .db import STATUSES, Base, CellRow, StudyRow, TrialRow, add_missing_columns, make_engine, utcnow
+from . import schema
+from .db import STATUSES, CellRow, StudyRow, TrialRow, make_engine, utcnow
 
 
 @dataclass(frozen=True)
@@ -47,15 +48,13 @@ class Ledger:
             if create and path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
             self.engine = make_engine(url)
-            if create:
-                Base.metadata.create_all(self.engine)
-                add_missing_columns(self.engine)
-            elif not inspect(self.engine).has_table(TrialRow.__tablename__):
-                raise StudyrunnerError(
-                    f"{url!r} holds no studyrunner ledger (check --db / STUDYRUNNER_DB, or submit a study first)"
-                )
-            else:
-                add_missing_columns(self.engine)  # an older ledger: reading it needs today's columns
+            if schema.current(self.engine) is None:
+                if not create:
+                    raise StudyrunnerError(
+                        f"{url!r} holds no studyrunner ledger (check --db / STUDYRUNNER_DB, or submit a study first)"
+                    )
+                schema.create(self.engine)
+            schema.check_current(self.engine, url)
         except StudyrunnerError:
             raise
         except NoSuchModuleError:

@@ -1,0 +1,142 @@
+"""Everything `studyrunner analyze` reports, computed once: `analyze(data) -> Analysis`."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from . import claims as claims_mod
+from . import fits as fits_mod
+from . import stats as stats_mod
+from .data import StudyData
+
+
+@dataclass
+class Analysis:
+    data: StudyData
+    metric: str
+    cells: pd.DataFrame
+    fits: list[fits_mod.Fit] = field(default_factory=list)  # metric vs trained D, best BIC first
+    loops_fits: list[fits_mod.Fit] = field(default_factory=list)  # metric vs test-time D (eval.loops)
+    groups: pd.DataFrame = field(default_factory=pd.DataFrame)  # per-group log-linear fits + slope ratios
+    group_by: str | None = None
+    gap: pd.DataFrame = field(default_factory=pd.DataFrame)
+    paired: pd.DataFrame = field(default_factory=pd.DataFrame)
+    time_to_solve: pd.DataFrame = field(default_factory=pd.DataFrame)  # per trial
+    time_to_solve_cells: pd.DataFrame = field(default_factory=pd.DataFrame)
+    failure_depth: dict = field(default_factory=dict)
+    verdicts: list[claims_mod.Verdict] = field(default_factory=list)
+
+    @property
+    def fit_table(self) -> pd.DataFrame:
+        table = fits_mod.fit_table(self.fits)
+        if len(self.loops_fits):
+            loops = fits_mod.fit_table(self.loops_fits).assign(depth="eval.loops (test-time)")
+            table = pd.concat([table.assign(depth="trained"), loops], ignore_index=True)
+        return table
+
+    @property
+    def claims_table(self) -> pd.DataFrame:
+        return claims_mod.verdict_table(self.verdicts)
+
+    def header(self) -> str:
+        d = self.data
+        done = len(d.done)
+        text = f"{d.name}: {done} trials finished in {d.trials.cell_hash.nunique()} cells; metric {self.metric} ({d.mode})"
+        if d.missing:
+            text += f"; {d.missing} trials missing (not run yet or still running): statistics cover finished seeds only"
+        if d.failure_rule is not None:
+            text += f"; failure rule: {d.failure_rule.text}"
+        return text
+
+    def to_dict(self) -> dict:
+        def records(df: pd.DataFrame) -> list[dict]:
+            return json.loads(df.to_json(orient="records")) if len(df) else []
+
+        return {
+            "study": self.data.name,
+            "metric": self.metric,
+            "mode": self.data.mode,
+            "trials_finished": len(self.data.done),
+            "trials_missing": self.data.missing,
+            "failure_rule": self.data.failure_rule.text if self.data.failure_rule else None,
+            "cells": records(self.cells),
+            "fits": records(self.fit_table),
+            "fit_groups": records(self.groups),
+            "group_by": self.group_by,
+            "percent_gap": records(self.gap),
+            "paired": records(self.paired),
+            "time_to_solve": records(self.time_to_solve_cells),
+            "failure_vs_depth": self.failure_depth,
+            "claims": records(self.claims_table),
+        }
+
+
+def default_forms(mode: str) -> tuple[str, ...]:
+    """Accuracies (max) may saturate: log-linear and logistic; losses (min): log-linear and power law."""
+    return ("loglinear", "logistic") if mode == "max" else ("loglinear", "power_floor")
+
+
+def analyze(
+    data: StudyData,
+    metric: str | None = None,
+    by: str | None = None,
+    threshold: float | None = None,
+    with_claims: bool = True,
+) -> Analysis:
+    metric = metric or data.metric
+    out = Analysis(data, metric, stats_mod.cell_stats(data, metric))
+    if data.done.empty:
+        return out
+    forms = default_forms(data.mode)
+    points = fits_mod.scaling_points(data, metric)
+    if len(points) and points.depth.nunique() >= 2:
+        # measured depths (halting) differ per seed: resample seeds within cells then
+        out.fits = fits_mod.fit_forms(points, forms, strata="cell_hash")
+        by = by or ("baseline" if (data.trials.baseline != "").any() else None)
+        if by is not None:
+            column = by if by in points else data.column_for(by)
+            groups = points.assign(_group=points[column].astype(str))
+            if groups._group.nunique() > 1:
+                ref = "iso_flop" if column == "baseline" and (groups._group == "iso_flop").any() else None
+                out.groups = fits_mod.fit_groups(groups, "_group", ref=ref).rename(columns={"_group": by})
+                out.group_by = by
+    loops_points = fits_mod.scaling_points(data, metric, source="loops")
+    if len(loops_points) and loops_points.depth.nunique() >= 2:
+        out.loops_fits = fits_mod.fit_forms(loops_points, forms, strata="depth")
+    out.gap = fits_mod.percent_gap(data, metric)
+    out.paired = stats_mod.paired_comparisons(data, metric)
+    out.time_to_solve = stats_mod.time_to_solve(data, metric, threshold)
+    if len(out.time_to_solve):
+        out.time_to_solve_cells = stats_mod.time_to_solve_summary(out.time_to_solve)
+    out.failure_depth = fits_mod.failure_vs_depth(data)
+    if with_claims and data.claims:
+        out.verdicts = claims_mod.verify(data)
+    return out
+
+
+def fmt(value, digits: int = 4) -> str:
+    """A number for tables: NaN as blank, integers plainly, else `digits` significant digits."""
+    if value is None:
+        return ""
+    if isinstance(value, bool | np.bool_):
+        return "yes" if value else ""
+    if isinstance(value, int | np.integer):
+        return str(int(value))
+    if isinstance(value, float | np.floating):
+        if math.isnan(value):
+            return ""
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def interval(lo, hi, digits: int = 3) -> str:
+    if lo is None or hi is None or (isinstance(lo, float) and math.isnan(lo)):
+        return ""
+    return f"[{fmt(lo, digits)}, {fmt(hi, digits)}]"

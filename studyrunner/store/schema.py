@@ -40,7 +40,14 @@ def current(engine: Engine) -> str | None:
         return None
     with engine.connect() as conn:
         rev = MigrationContext.configure(conn).get_current_revision()
-    return rev or FIRST
+    return rev or _unversioned(engine)
+
+
+def _unversioned(engine: Engine) -> str:
+    """The revision of a ledger without a version table, read from its columns: the first release's
+    (0001), or one from development builds that added cells.baseline_of before migrations (0002)."""
+    cells = {c["name"] for c in inspect(engine).get_columns("cells")}
+    return "0002" if "baseline_of" in cells else FIRST
 
 
 def create(engine: Engine) -> None:
@@ -55,8 +62,8 @@ def upgrade(engine: Engine) -> tuple[str | None, str]:
     before = current(engine)
     with engine.begin() as conn:
         cfg = _config(conn)
-        if before == FIRST and MigrationContext.configure(conn).get_current_revision() is None:
-            command.stamp(cfg, FIRST)
+        if before is not None and MigrationContext.configure(conn).get_current_revision() is None:
+            command.stamp(cfg, before)  # an unversioned ledger: record what it is, then upgrade from there
         command.upgrade(cfg, "head")
     return before, head()
 

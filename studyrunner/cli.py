@@ -132,15 +132,19 @@ def submit(
     compiled = load_and_compile(file)
     _warn(compiled.warnings)
     ws = _workspace(workspace, db, tracking_uri, storage)
-    result = run(
-        compiled,
-        ws,
-        address=address,
-        max_concurrent=max_concurrent,
-        max_failures=max_failures,
-        console=err,
-        show_progress=progress,
-    )
+    try:
+        result = run(
+            compiled,
+            ws,
+            address=address,
+            max_concurrent=max_concurrent,
+            max_failures=max_failures,
+            console=err,
+            show_progress=progress,
+        )
+    except KeyboardInterrupt:  # before Ray Tune took over (starting Ray, opening MLflow): nothing ran
+        err.print(f"interrupted before any trial started; resume with: studyrunner submit {file}", markup=False)
+        raise typer.Exit(130) from None
     if result.ran or result.interrupted:
         err.print(
             f"{escape(result.study)}: ran {result.ran} trials in {result.wall_time_s:.0f} s: "
@@ -358,6 +362,113 @@ def _print_results_table(df, out_path: Path | None = None) -> None:
     finally:
         if out_path is not None:
             console.file.close()
+
+
+class AnalysisFormat(StrEnum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+StudyArg = Annotated[
+    str, typer.Argument(help="Study name (as last submitted) or study file (its claims and rule).", show_default=False)
+]
+StorageOpt = Annotated[str | None, typer.Option(help="Folder or URI of the curves [env STUDYRUNNER_STORAGE].")]
+
+
+@app.command()
+@user_errors
+def analyze(
+    study: StudyArg,
+    format: Annotated[AnalysisFormat, typer.Option("--format", "-f", help="table, json (everything) or csv (cells).")] = (
+        AnalysisFormat.table
+    ),
+    metric: Annotated[str | None, typer.Option(help="Metric to analyse [default: the study's metric].")] = None,
+    by: Annotated[str | None, typer.Option(help="Fit the scaling law per value of this field (e.g. memory_slots).")] = None,
+    threshold: Annotated[
+        float | None, typer.Option(help="Time to solve: first step the metric reaches this [default: 90% of best].")
+    ] = None,
+    db: DbOpt = None,
+    workspace: WorkspaceOpt = None,
+    storage: StorageOpt = None,
+):
+    """Seed statistics per cell, scaling fits against effective depth, paired comparisons, claims."""
+    from .analysis import data as analysis_data
+    from .analysis.present import print_analysis, write_json
+    from .analysis.summary import analyze as run_analysis
+
+    loaded = analysis_data.load(study, db=db, workspace=workspace, storage=storage)
+    result = run_analysis(loaded, metric=metric, by=by, threshold=threshold)
+    if format is AnalysisFormat.json:
+        write_json(result.to_dict())
+    elif format is AnalysisFormat.csv:
+        sys.stdout.write(result.cells.to_csv(index=False))
+    else:
+        print_analysis(result, out)
+
+
+@app.command()
+@user_errors
+def verify(
+    study: StudyArg,
+    format: Annotated[AnalysisFormat, typer.Option("--format", "-f", help="table, json or csv.")] = AnalysisFormat.table,
+    db: DbOpt = None,
+    workspace: WorkspaceOpt = None,
+    storage: StorageOpt = None,
+):
+    """Check the study's claims: supported, contradicted or inconclusive (exit 1 if one is contradicted)."""
+    from .analysis import claims as analysis_claims
+    from .analysis import data as analysis_data
+    from .analysis.present import verdicts_table, write_json
+
+    loaded = analysis_data.load(study, db=db, workspace=workspace, storage=storage)
+    if not loaded.claims:
+        raise StudyrunnerError(f"study {loaded.name!r} declares no claims; add a `claims:` list to its study file")
+    verdicts = analysis_claims.verify(loaded)
+    table = analysis_claims.verdict_table(verdicts)
+    if format is AnalysisFormat.json:
+        write_json(json.loads(table.to_json(orient="records")))
+    elif format is AnalysisFormat.csv:
+        sys.stdout.write(table.to_csv(index=False))
+    else:
+        if loaded.missing:
+            err.print(f"{loaded.missing} trials have not finished; verdicts use finished seeds", markup=False)
+        out.print(verdicts_table(verdicts))
+    if any(v.verdict in (analysis_claims.CONTRADICTED, analysis_claims.INVALID) for v in verdicts):
+        raise typer.Exit(1)
+
+
+@app.command()
+@user_errors
+def report(
+    study: StudyArg,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Folder for the report [default: WORKSPACE/reports].")
+    ] = None,
+    ui_url: Annotated[
+        str | None, typer.Option("--ui-url", help="MLflow UI address for run links [default: http://127.0.0.1:5000].")
+    ] = None,
+    mlflow: Annotated[bool, typer.Option(help="Also log the report and tables to the study's MLflow run.")] = True,
+    db: DbOpt = None,
+    workspace: WorkspaceOpt = None,
+    storage: StorageOpt = None,
+    tracking_uri: TrackingOpt = None,
+):
+    """Write one self-contained HTML report (plots inline, no network) with the cell, fit and claim tables."""
+    from .analysis import data as analysis_data
+    from .analysis.mlflow_ui import log_study_run
+    from .analysis.report import write_report
+
+    ws = _workspace(workspace, db, tracking_uri, storage)
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise StudyrunnerError(f"--out: {str(out_dir)!r} is a file; give a folder")
+    loaded = analysis_data.load(study, db=db, workspace=workspace, storage=storage)
+    ui_base = ui_url or (ws.tracking_uri if ws.tracking_uri.startswith(("http://", "https://")) else None)
+    written = write_report(loaded, out_dir or ws.root / "reports", ui=ui_base)
+    err.print(f"wrote {written[0]}", markup=False, highlight=False)
+    if mlflow and loaded.experiment_id:
+        run_id = log_study_run(ws.tracking_uri, loaded.name, loaded.experiment_id, written)
+        err.print(f"logged to MLflow run {run_id} (experiment {loaded.experiment_id})", markup=False, highlight=False)
 
 
 @app.command()

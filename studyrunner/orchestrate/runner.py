@@ -225,5 +225,5 @@ def _fit(
             tuner.fit()
     finally:
         recorder.abandon()  # anything still open was interrupted (Ctrl-C, or the cluster went away)
-    if not recorder.finished and to_run:
-        raise StudyrunnerError("Ray Tune finished without running any trial; see the Ray logs")
+    # Trials Tune did not finish (Ctrl-C before they started, or a cluster that went away) stay in the
+    # ledger as not succeeded; `submit` reports them as interrupted and the next submit runs them.

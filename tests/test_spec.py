@@ -189,3 +189,8 @@ def test_json_schema_lists_families_and_tasks():
     assert {"phop", "addition"} <= set(tasks)
     looped = next(v for v in schema["properties"]["model"]["anyOf"] if v["properties"]["family"]["const"] == "looped")
     assert {"loops", "block_layers", "d_model"} <= set(looped["properties"]["params"]["properties"])
+
+
+def test_checkpoint_interval_does_not_change_hashes():
+    with_checkpoints = keys(TINY_STUDY.replace("log_every: 4}", "log_every: 4, checkpoint_every: 5}"))
+    assert with_checkpoints == keys(TINY_STUDY)

@@ -32,7 +32,7 @@ from ..errors import StudyrunnerError
 from ..spec.claims_grammar import Claim, GrammarError, Number, Quantity, parse_claim
 from . import fits
 from .data import StudyData
-from .stats import CONFIDENCE, N_RESAMPLES, SEED, iqm, t_interval, wilson
+from .stats import CONFIDENCE, N_RESAMPLES, SEED, bootstrap_draws, iqm, t_interval, wilson
 
 SUPPORTED, CONTRADICTED, INCONCLUSIVE, INVALID = "supported", "contradicted", "inconclusive", "invalid"
 
@@ -99,15 +99,14 @@ def _values_by_cell(rows: pd.DataFrame, metric: str) -> list[np.ndarray]:
 def _point(kind: str, values: np.ndarray) -> float:
     if not len(values):
         return math.nan
-    return float({"mean": np.mean, "median": np.median, "iqm": iqm}[kind](values))
+    return float(_STATISTICS[kind](values))
+
+
+_STATISTICS = {"mean": np.mean, "median": np.median, "iqm": iqm}
 
 
 def _boot_draws(groups: list[np.ndarray], kind: str, rng: np.random.Generator, n: int = N_RESAMPLES) -> np.ndarray:
-    groups = [g for g in groups if len(g)]
-    out = np.empty(n)
-    for b in range(n):
-        out[b] = _point(kind, np.concatenate([g[rng.integers(0, len(g), len(g))] for g in groups]))
-    return out
+    return bootstrap_draws(groups, _STATISTICS[kind], n, rng)
 
 
 def _percentile(draws: np.ndarray) -> tuple[float, float]:
@@ -183,7 +182,8 @@ def _evaluate(data: StudyData, claim: Claim) -> Verdict:
                 lo, hi = t_interval(values)
                 v.test = "t-interval of the mean"
             else:
-                lo, hi = _percentile(_boot_draws(groups, lhs.kind, rng)) if len(values) > 1 else (math.nan,) * 2
+                draws = _boot_draws(groups, lhs.kind, rng)
+                lo, hi = _percentile(draws) if draws is not None else (math.nan, math.nan)
                 v.test = f"bootstrap interval of the {lhs.kind} (stratified by cell)"
             v.detail = f"n={len(values)} seeds in {len(groups)} cell(s)"
         v.estimate, v.lo, v.hi = v.lhs - c, lo - c, hi - c
@@ -234,15 +234,16 @@ def _evaluate(data: StudyData, claim: Claim) -> Verdict:
             pi = float(sps.mannwhitneyu(shared.a, shared.b).statistic / len(shared) ** 2)
             v.detail = f"{len(d)} shared seeds; a > b in {(d > 0).sum()}/{len(d)}; P(improvement)={pi:.2f}"
         elif lhs.kind == rhs.kind == "mean":
-            if len(va) >= 2 and len(vb) >= 2:
+            if len(va) >= 2 and len(vb) >= 2 and (np.ptp(va) > 0 or np.ptp(vb) > 0):
                 res = sps.ttest_ind(va, vb, equal_var=False)
                 ci = res.confidence_interval(CONFIDENCE)
                 v.lo, v.hi = float(ci.low), float(ci.high)
             v.test = "Welch t-interval of the difference"
-            v.detail = f"n={len(va)} vs {len(vb)} seeds"
+            v.detail = f"n={len(va)} vs {len(vb)} seeds in {len(ga)} vs {len(gb)} cell(s)"
         else:
-            if len(va) > 1 and len(vb) > 1:
-                v.lo, v.hi = _percentile(_boot_draws(ga, lhs.kind, rng) - _boot_draws(gb, rhs.kind, rng))
+            da, db = _boot_draws(ga, lhs.kind, rng), _boot_draws(gb, rhs.kind, rng)
+            if da is not None and db is not None:
+                v.lo, v.hi = _percentile(da - db)
             v.test = "bootstrap of the difference (stratified by cell)"
             v.detail = f"n={len(va)} vs {len(vb)} seeds"
     v.verdict = _decide(op, v.lo, v.hi)

@@ -32,7 +32,7 @@ from .data import StudyData, depth_at_loops, loops_columns
 from .stats import CONFIDENCE, SEED
 
 N_BOOT = 1000  # bootstrap refits (closed-form log-linear fits); nonlinear forms use NONLINEAR_BOOT
-NONLINEAR_BOOT = 300
+NONLINEAR_BOOT = 200
 
 
 @dataclass(frozen=True)

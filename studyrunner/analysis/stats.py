@@ -60,29 +60,39 @@ def bca_interval(
     return (float(res.confidence_interval.low), float(res.confidence_interval.high))
 
 
-def iqm(values) -> float:
+def iqm(values, axis=None) -> float | np.ndarray:
+    """Interquartile mean: `scipy.stats.trim_mean(x, 0.25)` (rliable's IQM); along `axis` for 2-D input."""
+    if axis is not None:
+        return stats.trim_mean(values, 0.25, axis=axis)
     x = _clean(values)
     return float(stats.trim_mean(x, 0.25)) if len(x) else math.nan
 
 
 def stratified_bootstrap(
     groups: Sequence[Sequence[float]],
-    statistic: Callable[[np.ndarray], float],
+    statistic: Callable = np.mean,
     confidence: float = CONFIDENCE,
     n_resamples: int = N_RESAMPLES,
 ) -> tuple[float, float]:
     """Percentile interval of `statistic` over the pooled values, resampling within each group (stratum),
-    as rliable does across tasks. NaN when no group has two values."""
+    as rliable does across tasks. `statistic(matrix, axis=-1)` is applied to all resamples at once.
+    NaN when no group has two values."""
+    draws = bootstrap_draws(groups, statistic, n_resamples)
+    if draws is None:
+        return (math.nan, math.nan)
+    alpha = (1 - confidence) / 2
+    return (float(np.quantile(draws, alpha)), float(np.quantile(draws, 1 - alpha)))
+
+
+def bootstrap_draws(groups, statistic: Callable = np.mean, n_resamples: int = N_RESAMPLES, rng=None):
+    """`n_resamples` values of `statistic` over stratified resamples of `groups` (None if nothing varies)."""
     groups = [_clean(g) for g in groups]
     groups = [g for g in groups if len(g)]
     if not groups or all(len(g) < 2 for g in groups):
-        return (math.nan, math.nan)
-    rng = np.random.default_rng(SEED)
-    draws = np.empty(n_resamples)
-    for b in range(n_resamples):
-        draws[b] = statistic(np.concatenate([g[rng.integers(0, len(g), len(g))] for g in groups]))
-    alpha = (1 - confidence) / 2
-    return (float(np.quantile(draws, alpha)), float(np.quantile(draws, 1 - alpha)))
+        return None
+    rng = rng if rng is not None else np.random.default_rng(SEED)
+    matrix = np.concatenate([g[rng.integers(0, len(g), (n_resamples, len(g)))] for g in groups], axis=1)
+    return np.asarray(statistic(matrix, axis=-1), dtype=float)
 
 
 def wilson(failures: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -92,7 +102,8 @@ def wilson(failures: int, n: int, confidence: float = CONFIDENCE) -> tuple[float
     if n == 0:
         return (math.nan, math.nan)
     lo, hi = proportion_confint(failures, n, alpha=1 - confidence, method="wilson")
-    return (float(lo), float(hi))
+    # exact ends where the interval touches them (statsmodels leaves float noise such as 5.6e-17)
+    return (0.0 if failures == 0 else float(lo), 1.0 if failures == n else float(hi))
 
 
 def bimodality(values, scale: float | None = None) -> tuple[bool, float]:
@@ -297,11 +308,15 @@ def default_threshold(data: StudyData, metric: str) -> float:
     return float(0.9 * means.max()) if data.mode == "max" else float(1.1 * means.min())
 
 
-def time_to_solve_summary(per_trial: pd.DataFrame) -> pd.DataFrame:
+def time_to_solve_summary(per_trial: pd.DataFrame, cells_order: list[str] | None = None) -> pd.DataFrame:
     """Per cell: seeds solved of n, and the Kaplan-Meier median step to solve (`scipy.stats.ecdf` on
     censored data; NaN when fewer than half the seeds solve)."""
     rows = []
-    for cell_hash, group in per_trial.groupby("cell_hash", sort=False):
+    order = list(dict.fromkeys(per_trial.cell_hash))
+    if cells_order:
+        order = [h for h in cells_order if h in set(order)] + [h for h in order if h not in set(cells_order)]
+    for cell_hash in order:
+        group = per_trial[per_trial.cell_hash == cell_hash]
         solved = group[group.solved].step.to_numpy(float)
         censored = group[~group.solved].step.to_numpy(float)
         median = math.nan

@@ -112,7 +112,7 @@ def analyze(
     out.paired = stats_mod.paired_comparisons(data, metric)
     out.time_to_solve = stats_mod.time_to_solve(data, metric, threshold)
     if len(out.time_to_solve):
-        out.time_to_solve_cells = stats_mod.time_to_solve_summary(out.time_to_solve)
+        out.time_to_solve_cells = stats_mod.time_to_solve_summary(out.time_to_solve, data.cells_order)
     out.failure_depth = fits_mod.failure_vs_depth(data)
     if with_claims and data.claims:
         out.verdicts = claims_mod.verify(data)

@@ -69,6 +69,7 @@ _TOKEN = re.compile(
   | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)
   | (?P<string>'[^'\n]*'|"[^"\n]*")
   | (?P<op><=|>=|==|!=|<|>|=|~)
+  | (?P<arith>[-+*/%])
   | (?P<punct>[\[\](),])
     """,
     re.VERBOSE,
@@ -94,6 +95,8 @@ def tokenize(text: str) -> list[Token]:
         if m is None:
             raise GrammarError(f"unexpected character {text[i]!r}", i + 1, text)
         kind = m.lastgroup
+        if kind == "arith":
+            raise GrammarError("arithmetic is not part of the grammar", i + 1, text)
         after_value = bool(tokens) and (tokens[-1].kind in ("number", "name", "string") or tokens[-1].text in ")]")
         if kind == "number" and m.group()[0] in "+-" and after_value:
             raise GrammarError("arithmetic is not part of the grammar", i + 1, text)  # `a-1`, `x+2`

@@ -79,8 +79,17 @@ def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+# Settings that change how a trial runs but not what it computes: left out of the hash, so turning
+# checkpoints on for an existing study keeps its cells and trial keys.
+UNHASHED = (("train", "checkpoint_every"),)
+
+
 def config_hash(config: dict[str, Any], n: int = 12) -> str:
-    return hashlib.sha256(canonical_json(config).encode()).hexdigest()[:n]
+    hashed = copy.deepcopy(config)
+    for section, name in UNHASHED:
+        if isinstance(hashed.get(section), dict):
+            hashed[section].pop(name, None)
+    return hashlib.sha256(canonical_json(hashed).encode()).hexdigest()[:n]
 
 
 def trial_key(study: str, cell_hash: str, seed: int) -> str:

@@ -76,10 +76,16 @@ class TrainSection(Strict):
         description="Weight of the looping regulariser (seed 002 used 1 and 10); positive pulls blocks "
         "together, negative is the paper's equation read literally.",
     )
+    checkpoint_every: int | None = Field(
+        None,
+        ge=1,
+        description="Write a resumable checkpoint every N steps (the newest 2 are kept); unset = only after "
+        "the last step. Results do not depend on it.",
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unset_knobs(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _omit_unset(handler(self), _AUX_WEIGHT_KNOBS)
+        return _omit_unset(handler(self), _AUX_WEIGHT_KNOBS | {"checkpoint_every"})
 
     @field_validator("betas")
     @classmethod

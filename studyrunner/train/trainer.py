@@ -8,26 +8,151 @@ The family stays unnamed here: the model returns raw auxiliary terms by name (we
 `schedules.aux_weights`, logged as train_{term} and {term}_weight), may name parameter groups
 whose gradient norm is worth watching (`grad_norm_groups()`, logged as {group}_grad_norm), and
 fills its diagnostics when evaluated (`forward(..., diagnose=True)`).
+
+With a checkpoint location, a trial writes checkpoints (checkpoint.py) and resumes from the newest
+intact one: its later records and final metrics are those of a run that never stopped (wall-clock
+timings aside).
 """
 
 from __future__ import annotations
 
+import os
 import time
-from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..models import build_model, count_params
+from ..models.output import AUX_TERMS
 from ..tasks import Batch, Task, build_task
+from .checkpoint import CheckpointMismatch, Checkpoints, CheckpointStorage, capture_rng, open_storage, restore_rng
+from .evaluation import EVAL_CHUNK, evaluate, evaluate_and_record
 from .optim import lr_at, make_optimizer
-from .reporter import MemoryReporter, Reporter
+from .progress import Progress
+from .reporter import MemoryReporter, Reporter, send_note
 from .schedules import aux_weights
 
-EVAL_CHUNK = 256  # examples per eval forward: bounds memory for long sequences
+__all__ = ["EVAL_CHUNK", "HALT_COLLAPSE_FRACTION", "TrialSetup", "build_trial", "evaluate", "run_trial"]
+
 # halt_collapsed = 1 when the final mean halting depth is below this fraction of the loops (the
 # shallow-halt trap of seed 003: trapped runs halt at 5-7 of 18 steps, healthy ones at 11-18).
 HALT_COLLAPSE_FRACTION = 0.5
+
+CheckpointsArg = str | os.PathLike[str] | CheckpointStorage | Checkpoints | None
+
+
+def run_trial(
+    config: dict[str, Any], seed: int, reporter: Reporter | None = None, checkpoints: CheckpointsArg = None
+) -> dict[str, float]:
+    """Train and evaluate one (cell config, seed); report records as it goes; return final metrics.
+
+    On CPU the same (config, seed, thread count) gives the same final metrics. `checkpoints` (a
+    folder, a pyarrow filesystem URI, or a storage object; one per trial) turns checkpointing on:
+    every `train.checkpoint_every` steps and after the last step, and a resume from the newest
+    intact checkpoint found there. Records up to that checkpoint are not sent again.
+    """
+    reporter = reporter or MemoryReporter()
+    trial = build_trial(config, seed)
+    store = _open_checkpoints(checkpoints, config, seed, reporter)
+    progress = _resume(store, trial) if store is not None else Progress()
+    if progress.step == 0:
+        reporter.log(0, dict(trial.static))
+    trial.model.train()
+    while progress.step < trial.steps:
+        lr, tokens = train_step(trial, progress)
+        done = progress.step
+        record = progress.window.record(lr, tokens) if trial.record_due(done) else {}
+        record.update(evaluate_and_record(trial.model, trial.task, trial.splits, done, trial.steps, trial.ev))
+        if record:
+            progress.last.update(record)
+            reporter.log(done, record)
+        if store is not None and store.due(done):  # after the record: it is never lost, at worst resent
+            store.save(done, _capture(trial, progress))
+    return final_metrics(trial, progress)
+
+
+@dataclass
+class TrialSetup:
+    """The built parts of a trial: task, model, optimizer, eval sets and the knobs the loop reads."""
+
+    train: dict[str, Any]
+    ev: dict[str, Any]
+    task: Task
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    splits: dict[str, Batch]
+    static: dict[str, float]  # params, effective_depth
+    grad_groups: dict[str, list[torch.nn.Parameter]]
+
+    @property
+    def steps(self) -> int:
+        return self.train["steps"]
+
+    def lr(self, step: int) -> float:
+        t = self.train
+        return lr_at(step, lr=t["lr"], steps=t["steps"], warmup_steps=t["warmup_steps"], min_lr_ratio=t["min_lr_ratio"])
+
+    def record_due(self, done: int) -> bool:
+        return done % self.train["log_every"] == 0 or done == self.steps
+
+
+def build_trial(config: dict[str, Any], seed: int) -> TrialSetup:
+    torch.manual_seed(seed)
+    train, ev = config["train"], config["eval"]
+    task = build_task(config["task"]["name"], config["task"]["params"], seed)
+    model = build_model(config["model"]["family"], config["model"]["params"], task.facts)
+    optimizer = make_optimizer(model, train["lr"], train["weight_decay"], tuple(train["betas"]))
+    splits = task.eval_sets(ev["examples"])
+    static = {"params": float(count_params(model)), "effective_depth": float(model.effective_depth)}
+    grad_groups = model.grad_norm_groups() if hasattr(model, "grad_norm_groups") else {}
+    return TrialSetup(train, ev, task, model, optimizer, splits, static, grad_groups)
+
+
+def train_step(trial: TrialSetup, progress: Progress) -> tuple[float, int]:
+    """One optimizer step on the batch of `progress.step`; returns its learning rate and token count."""
+    started = time.perf_counter()
+    step, model, optimizer = progress.step, trial.model, trial.optimizer
+    lr = trial.lr(step)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    batch = trial.task.train_batch(step, trial.train["batch_size"])
+    result = model(batch.inputs)
+    loss = trial.task.loss(result.logits, batch)
+    weights = aux_weights(step, trial.train, result.aux)
+    for name, term in result.aux.items():
+        loss = loss + weights[name] * term
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    # before clipping: the gradient the loss asked for
+    grad_norms = {name: _grad_norm(params) for name, params in trial.grad_groups.items()}
+    if trial.train["grad_clip"] > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), trial.train["grad_clip"])
+    optimizer.step()
+    loss_value = loss.item()
+    if loss_value != loss_value:  # NaN: the trial has diverged; fail it loudly
+        raise FloatingPointError(f"train loss is NaN at step {step + 1}")
+    elapsed = time.perf_counter() - started
+    tokens = batch.inputs.numel()
+    progress.window.add(loss_value, elapsed, result.aux, grad_norms, weights)
+    progress.add_step(elapsed, tokens)
+    return lr, tokens
+
+
+def final_metrics(trial: TrialSetup, progress: Progress) -> dict[str, float]:
+    """The latest value of every reported name, the static facts and whole-run throughput."""
+    final = {
+        **progress.last,
+        **trial.static,
+        "step_time_ms": 1000 * progress.total_time / trial.steps,
+        "tokens_per_sec": progress.total_tokens / progress.total_time,
+        "train_time_s": progress.total_time,
+    }
+    final.pop("lr", None)
+    if "ponder_steps_fraction" in progress.last:  # a halting model: did its halting depth collapse?
+        threshold = trial.ev.get("halt_collapse_fraction") or HALT_COLLAPSE_FRACTION
+        final["halt_collapsed"] = float(progress.last["ponder_steps_fraction"] < threshold)
+    return final
 
 
 def _grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
@@ -37,129 +162,50 @@ def _grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
-@torch.no_grad()
-def evaluate(
-    model: torch.nn.Module, task: Task, splits: dict[str, Batch], loops: int | None = None
-) -> dict[str, float]:
-    """Loss, accuracy, exact match (and model diagnostics) per split; unsuffixed names are split means.
-
-    `loops` evaluates at another depth than trained (test-time depth); diagnostics are then skipped."""
-    was_training = model.training
-    model.eval()
-    out: dict[str, float] = {}
-    totals: dict[str, list[float]] = defaultdict(list)
-    diagnostics: dict[str, list[float]] = defaultdict(list)
-    for split, data in splits.items():
-        sums: dict[str, float] = defaultdict(float)
-        for start in range(0, len(data), EVAL_CHUNK):
-            chunk = data.slice(start, start + EVAL_CHUNK)
-            result = model(chunk.inputs, loops=loops, diagnose=loops is None)
-            n = len(chunk)
-            sums["loss"] += task.loss(result.logits, chunk).item() * n
-            for name, value in task.metrics(result.logits, chunk).items():
-                sums[name] += value * n
-            for name, value in result.diagnostics.items():
-                diagnostics[name].append(float(value))
-        suffix = f"_{split}" if split else ""
-        for name, total in sums.items():
-            value = total / len(data)
-            out[f"eval_{name}{suffix}"] = value
-            totals[name].append(value)
-    # The unsuffixed names always exist (the split mean), so a study's metric does not depend on how
-    # many splits its task has.
-    out.update({f"eval_{name}": sum(v) / len(v) for name, v in totals.items()})
-    out.update({name: sum(v) / len(v) for name, v in diagnostics.items()})
-    model.train(was_training)
-    return out
+# ----------------------------------------------------------------------------------- checkpoints
 
 
-def run_trial(config: dict[str, Any], seed: int, reporter: Reporter | None = None) -> dict[str, float]:
-    """Train and evaluate one (cell config, seed); report records as it goes; return final metrics.
+def _open_checkpoints(
+    checkpoints: CheckpointsArg, config: dict[str, Any], seed: int, reporter: Reporter
+) -> Checkpoints | None:
+    if checkpoints is None or isinstance(checkpoints, Checkpoints):
+        return checkpoints
+    return Checkpoints(
+        open_storage(checkpoints),
+        config=config,
+        seed=seed,
+        every=config["train"].get("checkpoint_every"),
+        notify=lambda message: send_note(reporter, message),
+    )
 
-    On CPU the same (config, seed, thread count) gives the same final metrics.
-    """
-    reporter = reporter or MemoryReporter()
-    train, ev = config["train"], config["eval"]
-    torch.manual_seed(seed)
-    task = build_task(config["task"]["name"], config["task"]["params"], seed)
-    model = build_model(config["model"]["family"], config["model"]["params"], task.facts)
-    optimizer = make_optimizer(model, train["lr"], train["weight_decay"], tuple(train["betas"]))
-    splits = task.eval_sets(ev["examples"])
-    static = {"params": float(count_params(model)), "effective_depth": float(model.effective_depth)}
-    reporter.log(0, dict(static))
 
-    steps, batch_size = train["steps"], train["batch_size"]
-    grad_groups = model.grad_norm_groups() if hasattr(model, "grad_norm_groups") else {}
-    # Train-window sums of the raw aux terms and watched gradient norms, kept as tensors (no sync per step).
-    window_aux: dict[str, torch.Tensor] = {}
-    window_grad: dict[str, torch.Tensor] = {}
-    weights: dict[str, float] = {}
-    window_loss, window_time, window_steps = 0.0, 0.0, 0
-    total_time, total_tokens = 0.0, 0
-    last: dict[str, float] = {}
-    model.train()
-    for step in range(steps):
-        started = time.perf_counter()
-        lr = lr_at(
-            step, lr=train["lr"], steps=steps, warmup_steps=train["warmup_steps"], min_lr_ratio=train["min_lr_ratio"]
-        )
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        batch = task.train_batch(step, batch_size)
-        result = model(batch.inputs)
-        loss = task.loss(result.logits, batch)
-        weights = aux_weights(step, train, result.aux)
-        for name, term in result.aux.items():
-            loss = loss + weights[name] * term
-            window_aux[name] = window_aux.get(name, 0.0) + term.detach()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        for name, params in grad_groups.items():  # before clipping: the gradient the loss asked for
-            window_grad[name] = window_grad.get(name, 0.0) + _grad_norm(params)
-        if train["grad_clip"] > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), train["grad_clip"])
-        optimizer.step()
-        loss_value = loss.item()
-        if loss_value != loss_value:  # NaN: the trial has diverged; fail it loudly
-            raise FloatingPointError(f"train loss is NaN at step {step + 1}")
-        elapsed = time.perf_counter() - started
-        window_loss, window_time, window_steps = window_loss + loss_value, window_time + elapsed, window_steps + 1
-        total_time, total_tokens = total_time + elapsed, total_tokens + batch.inputs.numel()
+def _schedule(trial: TrialSetup, done: int) -> dict[str, Any]:
+    """The schedules' values at the last step taken (derived from the step; recorded as a check)."""
+    last = done - 1
+    return {"step": done, "lr": trial.lr(last), "aux_weights": aux_weights(last, trial.train, AUX_TERMS)}
 
-        done = step + 1
-        record: dict[str, float] = {}
-        if done % train["log_every"] == 0 or done == steps:
-            record.update(
-                train_loss=window_loss / window_steps,
-                lr=lr,
-                step_time_ms=1000 * window_time / window_steps,
-                tokens_per_sec=batch.inputs.numel() * window_steps / window_time,
-            )
-            for name, total in window_aux.items():
-                record[f"train_{name}"] = float(total) / window_steps
-                record[f"{name}_weight"] = weights[name]
-            record.update({f"{name}_grad_norm": float(total) / window_steps for name, total in window_grad.items()})
-            window_loss, window_time, window_steps = 0.0, 0.0, 0
-            window_aux, window_grad = {}, {}
-        if done % ev["every"] == 0 or done == steps:
-            record.update(evaluate(model, task, splits))
-        if done == steps:
-            for n in ev.get("loops") or []:  # test-time depth, once, on the trained model
-                at_depth = evaluate(model, task, splits, loops=n)
-                record.update({f"{name}_loops_{n}": value for name, value in at_depth.items()})
-        if record:
-            last.update(record)
-            reporter.log(done, record)
 
-    final = {
-        **last,
-        **static,
-        "step_time_ms": 1000 * total_time / steps,
-        "tokens_per_sec": total_tokens / total_time,
-        "train_time_s": total_time,
+def _capture(trial: TrialSetup, progress: Progress) -> dict[str, Any]:
+    return {
+        "model": trial.model.state_dict(),
+        "optimizer": trial.optimizer.state_dict(),
+        "progress": progress.state_dict(),
+        "schedule": _schedule(trial, progress.step),
+        "rng": capture_rng(),
     }
-    final.pop("lr", None)
-    if "ponder_steps_fraction" in last:  # a halting model: did its halting depth collapse?
-        threshold = ev.get("halt_collapse_fraction") or HALT_COLLAPSE_FRACTION
-        final["halt_collapsed"] = float(last["ponder_steps_fraction"] < threshold)
-    return final
+
+
+def _resume(store: Checkpoints, trial: TrialSetup) -> Progress:
+    state = store.latest()
+    if state is None:
+        return Progress()
+    progress = Progress.from_state_dict(state["progress"])
+    if state["schedule"] != _schedule(trial, progress.step):
+        raise CheckpointMismatch(
+            f"checkpoint at step {progress.step} recorded schedule {state['schedule']}, but this code gives "
+            f"{_schedule(trial, progress.step)}: the schedule code changed since it was written"
+        )
+    trial.model.load_state_dict(state["model"])
+    trial.optimizer.load_state_dict(state["optimizer"])
+    restore_rng(state["rng"])  # last: building the trial drew from the generators
+    return progress

@@ -1,0 +1,133 @@
+"""Terminal output of `analyze` and `verify` (rich tables; user text is printed literally, never as markup)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .claims import CONTRADICTED, INCONCLUSIVE, INVALID, SUPPORTED, Verdict
+from .summary import Analysis, fmt, interval
+
+STYLES = {SUPPORTED: "green", CONTRADICTED: "red", INCONCLUSIVE: "yellow", INVALID: "magenta"}
+
+
+def _table(title: str, columns: list[str]) -> Table:
+    table = Table(title=Text(title), title_justify="left")
+    for i, col in enumerate(columns):
+        table.add_column(Text(col), justify="left" if i == 0 else "right")
+    return table
+
+
+def cells_table(a: Analysis) -> Table:
+    table = _table(
+        f"{a.metric} ({a.data.mode}) by cell, over seeds",
+        ["cell", "D", "n", "mean", "sd", "95% t", "95% BCa", "median", "IQM", "failed", "fail rate [Wilson]",
+         "mean|success", "bimodal", "missing"],  # fmt: skip
+    )
+    for r in a.cells.itertuples():
+        table.add_row(
+            Text(r.cell + (f" ({r.baseline})" if r.baseline else "")),
+            fmt(r.depth, 3),
+            str(r.n),
+            fmt(r.mean),
+            fmt(r.sd, 3),
+            interval(r.t_lo, r.t_hi),
+            interval(r.bca_lo, r.bca_hi),
+            fmt(r.median),
+            fmt(r.iqm),
+            Text(f"{r.failures}/{r.seeds_done}", style="red" if r.failures else ""),
+            f"{fmt(r.failure_rate, 2)} {interval(r.failure_lo, r.failure_hi, 2)}" if r.seeds_done else "",
+            fmt(r.mean_success),
+            Text("bimodal", style="magenta") if r.bimodal else "",
+            str(r.missing) if r.missing else "",
+        )
+    return table
+
+
+def frame_table(title: str, df: pd.DataFrame, columns: dict[str, str]) -> Table:
+    cols = [c for c in columns if c in df.columns]
+    table = _table(title, [columns[c] for c in cols])
+    for _, row in df.iterrows():
+        table.add_row(*(Text(fmt(row[c])) for c in cols))
+    return table
+
+
+def verdicts_table(verdicts: list[Verdict]) -> Table:
+    table = _table("claims", ["claim", "verdict", "lhs", "rhs", "lhs − rhs", "95% interval", "test", "detail"])
+    for v in verdicts:
+        table.add_row(
+            Text(v.claim),
+            Text(v.verdict, style=STYLES.get(v.verdict, "")),
+            fmt(v.lhs),
+            fmt(v.rhs),
+            fmt(v.estimate),
+            interval(v.lo, v.hi),
+            Text(v.test),
+            Text(v.detail),
+        )
+    return table
+
+
+def print_analysis(a: Analysis, console: Console) -> None:
+    console.print(Text(a.header()), soft_wrap=True)
+    console.print(cells_table(a))
+    if a.fits:
+        console.print(
+            frame_table(
+                f"fits of {a.metric} against effective depth D (best BIC first)",
+                a.fit_table,
+                {"depth": "D from", "form": "form", "n": "n", "alpha": "α", "alpha_lo": "α lo", "alpha_hi": "α hi",
+                 "beta": "β", "c": "c", "k": "k", "m": "m", "E": "E", "A": "A", "gamma": "γ", "r2": "R²",
+                 "rmse": "RMSE", "aic": "AIC", "bic": "BIC", "extrapolation_error": "extrap. err"},  # fmt: skip
+            )
+        )
+    else:
+        console.print(Text("no scaling fit: fewer than two distinct effective depths among successful seeds"))
+    if len(a.groups):
+        console.print(
+            frame_table(
+                f"log-linear fit per {a.group_by}",
+                a.groups,
+                {a.group_by: a.group_by, "n": "n", "alpha": "α", "alpha_lo": "α lo", "alpha_hi": "α hi", "r2": "R²",
+                 "ref": "ref", "ratio": "α/α_ref", "ratio_lo": "lo", "ratio_hi": "hi"},  # fmt: skip
+            )
+        )
+    if len(a.gap):
+        console.print(
+            frame_table(
+                "%Gap = 100·(looped − iso_param)/(iso_flop − iso_param)",
+                a.gap,
+                {"cell": "looped cell", "looped": "looped", "iso_param": "iso-param", "iso_flop": "iso-FLOP",
+                 "gap_pct": "%Gap", "gap_lo": "lo", "gap_hi": "hi"},  # fmt: skip
+            )
+        )
+    if len(a.paired):
+        console.print(
+            frame_table(
+                "paired comparisons over shared seeds (b − a)",
+                a.paired,
+                {"cell_a": "a", "cell_b": "b", "differs_in": "differs in", "pairs": "seeds", "diff_b_minus_a": "b − a",
+                 "t_lo": "t lo", "t_hi": "t hi", "p_b_better": "P(b better)"},  # fmt: skip
+            )
+        )
+    if len(a.time_to_solve_cells):
+        threshold = fmt(a.time_to_solve_cells.threshold.iloc[0])
+        console.print(
+            frame_table(
+                f"time to solve ({a.metric} reaching {threshold})",
+                a.time_to_solve_cells,
+                {"cell": "cell", "solved": "solved", "seeds": "seeds", "median_step": "median step (KM)",
+                 "first_step": "first", "last_step": "last"},  # fmt: skip
+            )
+        )
+    if a.verdicts:
+        console.print(verdicts_table(a.verdicts))
+
+
+def write_json(obj, out=None) -> None:
+    (out or sys.stdout).write(json.dumps(obj, indent=2, allow_nan=False, default=str) + "\n")

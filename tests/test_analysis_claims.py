@@ -1,0 +1,208 @@
+"""Declared claims and the failure rule: grammar, validation, and each claim type on a synthetic ledger."""
+
+import pytest
+from analysis_ledger import build, loglinear_outcome, study_text
+from typer.testing import CliRunner
+
+from studyrunner.analysis import claims as claims_mod
+from studyrunner.analysis import data as data_mod
+from studyrunner.analysis import stats
+from studyrunner.cli import app
+from studyrunner.spec import compile_study, loads
+from studyrunner.spec.claims_grammar import GrammarError, parse_claim, parse_rule
+
+runner = CliRunner()
+
+
+def output(result) -> str:
+    """stdout and stderr (Click 8.2+ keeps both in `output`)."""
+    return result.output
+
+
+# --- grammar -------------------------------------------------------------------------------------
+
+
+def test_claim_grammar_parses_the_issue_examples():
+    c = parse_claim("eval_exact_match[memory_slots=0] < eval_exact_match[memory_slots=8]")
+    assert (c.lhs.kind, c.lhs.metric, c.lhs.selector, c.op) == ("mean", "eval_exact_match", (("memory_slots", 0),), "<")
+    c = parse_claim("failure_rate[halt_bias_init=0] > failure_rate[halt_bias_init=-3]")
+    assert c.rhs.kind == "failure_rate" and c.rhs.selector == (("halt_bias_init", -3),)
+    c = parse_claim("slope(eval_accuracy ~ ln effective_depth)[family=looped] > 0")
+    assert (c.lhs.kind, c.lhs.x, c.lhs.log_x, c.lhs.selector) == ("slope", "effective_depth", True, (("family", "looped"),))
+    c = parse_claim("iqm(eval_accuracy)[model.params.loops=4, cell='loops=4 x'] >= 1e-1")
+    assert c.lhs.selector == (("model.params.loops", 4), ("cell", "loops=4 x")) and c.rhs.value == 0.1
+
+
+@pytest.mark.parametrize(
+    "text,position,fragment",
+    [
+        ("eval_accuracy[loops=4 < 0.5", 23, "expected ',' or ']'"),
+        ("eval_accuracy == 0.5", 15, "compare with <, >"),
+        ("__import__('os').system('true') > 0", 17, "unexpected character"),
+        ("__import__('os') > 0", 1, "unknown function"),
+        ("eval_accuracy - 1 > 0", 15, "arithmetic"),
+        ("0.5 < 0.7", 1, "a metric"),
+        ("failure_rate[loops=1] > eval_accuracy", 1, "failure_rate can only be compared"),
+        ("slope(eval_accuracy ~ ln) > 0", 23, "regressor"),
+        ("eval_accuracy[loops=1, loops=2] > 0", 24, "twice"),
+        ("eval_accuracy > 0.5 extra", 21, "expected the end"),
+    ],
+)
+def test_bad_claims_name_the_position(text, position, fragment):
+    with pytest.raises(GrammarError) as exc:
+        parse_claim(text)
+    assert exc.value.position == position
+    assert fragment in str(exc.value)
+
+
+def test_failure_rule_semantics():
+    rule = parse_rule("eval_exact_match < 0.2 or halt_collapsed")
+    assert rule.metrics == ["eval_exact_match", "halt_collapsed"]
+    assert not rule({"eval_exact_match": 0.5})
+    assert rule({"eval_exact_match": 0.1})
+    assert rule({"eval_exact_match": 0.5, "halt_collapsed": 1.0})
+    assert not rule({"eval_exact_match": 0.5, "halt_collapsed": 0.0})
+    assert rule({"eval_exact_match": float("nan")})  # a NaN metric (diverged) fails
+    assert not rule({})  # a metric the trial does not report makes its comparison false
+    assert parse_rule("not (a >= 1 and b != 2)")({"a": 1, "b": 2})
+    for bad in ("a <", "a > 1 or", "import os", "a > b", "a.b > 1", "(a > 1"):
+        with pytest.raises(GrammarError):
+            parse_rule(bad)
+
+
+def test_validate_rejects_a_bad_claim_naming_index_line_and_position(tmp_path):
+    text = study_text(extra='claims:\n  - "eval_accuracy[loops=8] > eval_accuracy[loops=1]"\n  - "eval_accuracy[loops=4 < 0.5"\n')
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    line = text.splitlines().index('  - "eval_accuracy[loops=4 < 0.5"') + 1
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1
+    assert f"bad.yaml:{line}: claims[1]: position 23:" in message
+    path.write_text(study_text(extra='failure: "eval_accuracy <"\n'))
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2 and "failure: position 16: expected a number" in output(result)
+
+
+def test_claims_and_failure_rule_do_not_change_any_cell_hash():
+    plain = compile_study(loads(study_text()))
+    extra = 'failure: "eval_accuracy < 0.2"\nclaims:\n  - "eval_accuracy[loops=8] > eval_accuracy[loops=1]"\n'
+    declared = compile_study(loads(study_text(extra=extra)))
+    assert declared.study.claims and declared.study.failure
+    assert [c.cell_hash for c in plain.cells] == [c.cell_hash for c in declared.cells]
+    assert [t.trial_key for t in plain.trials] == [t.trial_key for t in declared.trials]
+
+
+# --- each claim type on a synthetic ledger ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ledgers(tmp_path_factory):
+    root = tmp_path_factory.mktemp("claims")
+
+    def failing(params, seed):  # loops=1 x 1 block fails (3 by the rule, 1 crashes); loops=8 never does
+        base = loglinear_outcome()(params, seed)
+        if params["loops"] == 1 and params["block_layers"] == 1:
+            return None if seed == 3 else {**base, "eval_accuracy": 0.1}
+        return base
+
+    noisy = {1: [0.5, 0.6, 0.4, 0.55], 2: [0.6, 0.45, 0.55, 0.5], 4: [0.5, 0.5, 0.6, 0.4], 8: [0.45, 0.6, 0.5, 0.5]}
+
+    def noise(params, seed):
+        return {"eval_accuracy": noisy[params["loops"]][seed]}
+
+    return {
+        "clean": data_mod.load(str(build(root / "clean", loglinear_outcome())[2]), workspace=root / "clean"),
+        "failing": data_mod.load(
+            str(build(root / "failing", failing, extra='failure: "eval_accuracy < 0.2"\n')[2]), workspace=root / "failing"
+        ),
+        "noisy": data_mod.load(str(build(root / "noisy", noise)[2]), workspace=root / "noisy"),
+    }
+
+
+HOLDS_AND_FAILS = [
+    # (ledger, claim that holds, claim that fails)
+    ("clean", "eval_accuracy[loops=8, block_layers=1] > eval_accuracy[loops=1, block_layers=1]",
+     "eval_accuracy[loops=8, block_layers=1] < eval_accuracy[loops=1, block_layers=1]"),  # paired t
+    ("clean", "eval_accuracy[loops=8] > eval_accuracy[loops=1]", "eval_accuracy[loops=8] <= eval_accuracy[loops=1]"),
+    ("clean", "eval_accuracy[loops=1] > 0.25", "eval_accuracy[loops=1] > 0.35"),
+    ("clean", "0.25 < eval_accuracy[loops=1]", "0.35 < eval_accuracy[loops=1]"),
+    ("clean", "median(eval_accuracy)[loops=4, block_layers=1] >= 0.4", "median(eval_accuracy)[loops=4, block_layers=1] < 0.4"),
+    ("clean", "iqm(eval_accuracy)[loops=4] > 0.4", "iqm(eval_accuracy)[loops=4] > 0.6"),
+    ("clean", "median(eval_accuracy)[loops=2] < median(eval_accuracy)[loops=4]",
+     "median(eval_accuracy)[loops=2] > median(eval_accuracy)[loops=4]"),
+    ("clean", "slope(eval_accuracy ~ ln effective_depth)[block_layers=1] > 0.05",
+     "slope(eval_accuracy ~ ln effective_depth)[block_layers=1] < 0.05"),
+    ("clean", "slope(eval_accuracy ~ loops)[block_layers=2] > 0", "slope(eval_accuracy ~ loops)[block_layers=2] < 0"),
+    ("clean", "slope(eval_accuracy ~ ln loops)[block_layers=2] > slope(eval_accuracy ~ ln loops)[block_layers=1]",
+     "slope(eval_accuracy ~ ln loops)[block_layers=2] < slope(eval_accuracy ~ ln loops)[block_layers=1]"),
+    ("failing", "failure_rate[loops=1, block_layers=1] > failure_rate[loops=8, block_layers=1]",
+     "failure_rate[loops=1, block_layers=1] < failure_rate[loops=8, block_layers=1]"),
+    ("failing", "failure_rate[loops=8] < 0.6", "failure_rate[loops=1, block_layers=1] < 0.3"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,holds,fails", HOLDS_AND_FAILS)
+def test_each_claim_type_holds_and_fails(ledgers, name, holds, fails):
+    data = ledgers[name]
+    good, bad = claims_mod.evaluate(data, holds), claims_mod.evaluate(data, fails)
+    assert good.verdict == "supported", good
+    assert bad.verdict == "contradicted", bad
+    assert good.lo <= good.estimate <= good.hi or good.test.startswith("Wilson")
+
+
+def test_failures_count_crashes_and_the_rule(ledgers):
+    cells = stats.cell_stats(ledgers["failing"]).set_index("cell")
+    row = cells.loc["loops=1 block_layers=1"]
+    assert (row.failures, row.seeds_done) == (4, 4)  # 3 by the rule, 1 crashed (no metrics)
+    assert row.n == 3  # the crashed seed reported nothing
+    verdict = claims_mod.evaluate(ledgers["failing"], "failure_rate[loops=1, block_layers=1] > failure_rate[loops=8]")
+    assert "4/4 vs 0/8" in verdict.detail and "Fisher" in verdict.detail
+
+
+def test_overlapping_seeds_are_inconclusive(ledgers):
+    v = claims_mod.evaluate(ledgers["noisy"], "eval_accuracy[loops=2, block_layers=1] > eval_accuracy[loops=1, block_layers=1]")
+    assert v.verdict == "inconclusive" and v.test.startswith("paired") and v.lo < 0 < v.hi
+
+
+@pytest.mark.parametrize(
+    "claim,reason",
+    [
+        ("eval_accuracy[memory_slots=0] > 0.1", "no config field 'memory_slots'"),
+        ("eval_accuracy[loops=3] > 0.1", "no finished trial matches"),
+        ("no_such_metric[loops=1] > 0", "no trial reported 'no_such_metric'"),
+        ("eval_accuracy[loops=1 > 0", "position"),
+    ],
+)
+def test_claims_the_study_cannot_answer_are_invalid(ledgers, claim, reason):
+    v = claims_mod.evaluate(ledgers["clean"], claim)
+    assert v.verdict == "invalid" and reason in v.detail
+
+
+def test_verify_command_exit_codes_and_literal_claims(tmp_path):
+    holds = "eval_accuracy[loops=8, block_layers=1] > eval_accuracy[loops=1, block_layers=1]"
+    fails = "eval_accuracy[loops=8, block_layers=1] < eval_accuracy[loops=1, block_layers=1]"
+    _, _, path = build(tmp_path, loglinear_outcome(), extra=f'claims:\n  - "{holds}"\n')
+    result = runner.invoke(app, ["verify", "synth", "--workspace", str(tmp_path)])
+    assert result.exit_code == 0, output(result)
+    assert "supported" in result.output and "[loops=8, block_layers=1]" in result.output  # brackets printed as written
+    # claims added to the study file since it was submitted: verify FILE uses them (no resubmit needed)
+    path.write_text(study_text(extra=f'claims:\n  - "{holds}"\n  - "{fails}"\n'))
+    result = runner.invoke(app, ["verify", str(path), "--workspace", str(tmp_path), "--format", "csv"])
+    assert result.exit_code == 1
+    assert "contradicted" in result.output and "supported" in result.output
+
+
+def test_analysis_of_a_running_or_extended_study_counts_missing_trials(tmp_path):
+    _, _, path = build(tmp_path, loglinear_outcome(), leave_pending=3)
+    data = data_mod.load("synth", workspace=tmp_path)
+    assert data.missing == 3 and len(data.done) == 29
+    assert stats.cell_stats(data).missing.sum() == 3
+    extended = tmp_path / "extended.yaml"
+    extended.write_text(study_text().replace("seeds: [0, 1, 2, 3]", "seeds: [0, 1, 2, 3, 4]"))
+    data = data_mod.load(str(extended), workspace=tmp_path)
+    assert data.missing == 3 + 8  # the 3 pending, and seed 4 of every cell
+    result = runner.invoke(app, ["analyze", "synth", "--workspace", str(tmp_path)])
+    assert result.exit_code == 0, output(result)
+    assert "3 trials missing" in result.output

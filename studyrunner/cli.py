@@ -380,11 +380,13 @@ StorageOpt = Annotated[str | None, typer.Option(help="Folder or URI of the curve
 @user_errors
 def analyze(
     study: StudyArg,
-    format: Annotated[AnalysisFormat, typer.Option("--format", "-f", help="table, json (everything) or csv (cells).")] = (
-        AnalysisFormat.table
-    ),
+    format: Annotated[
+        AnalysisFormat, typer.Option("--format", "-f", help="table, json (everything) or csv (cells).")
+    ] = AnalysisFormat.table,
     metric: Annotated[str | None, typer.Option(help="Metric to analyse [default: the study's metric].")] = None,
-    by: Annotated[str | None, typer.Option(help="Fit the scaling law per value of this field (e.g. memory_slots).")] = None,
+    by: Annotated[
+        str | None, typer.Option(help="Fit the scaling law per value of this field (e.g. memory_slots).")
+    ] = None,
     threshold: Annotated[
         float | None, typer.Option(help="Time to solve: first step the metric reaches this [default: 90% of best].")
     ] = None,
@@ -411,7 +413,9 @@ def analyze(
 @user_errors
 def verify(
     study: StudyArg,
-    format: Annotated[AnalysisFormat, typer.Option("--format", "-f", help="table, json or csv.")] = AnalysisFormat.table,
+    format: Annotated[
+        AnalysisFormat, typer.Option("--format", "-f", help="table, json or csv.")
+    ] = AnalysisFormat.table,
     db: DbOpt = None,
     workspace: WorkspaceOpt = None,
     storage: StorageOpt = None,

@@ -28,7 +28,12 @@ def test_claim_grammar_parses_the_issue_examples():
     c = parse_claim("failure_rate[halt_bias_init=0] > failure_rate[halt_bias_init=-3]")
     assert c.rhs.kind == "failure_rate" and c.rhs.selector == (("halt_bias_init", -3),)
     c = parse_claim("slope(eval_accuracy ~ ln effective_depth)[family=looped] > 0")
-    assert (c.lhs.kind, c.lhs.x, c.lhs.log_x, c.lhs.selector) == ("slope", "effective_depth", True, (("family", "looped"),))
+    assert (c.lhs.kind, c.lhs.x, c.lhs.log_x, c.lhs.selector) == (
+        "slope",
+        "effective_depth",
+        True,
+        (("family", "looped"),),
+    )
     c = parse_claim("iqm(eval_accuracy)[model.params.loops=4, cell='loops=4 x'] >= 1e-1")
     assert c.lhs.selector == (("model.params.loops", 4), ("cell", "loops=4 x")) and c.rhs.value == 0.1
 
@@ -71,7 +76,9 @@ def test_failure_rule_semantics():
 
 
 def test_validate_rejects_a_bad_claim_naming_index_line_and_position(tmp_path):
-    text = study_text(extra='claims:\n  - "eval_accuracy[loops=8] > eval_accuracy[loops=1]"\n  - "eval_accuracy[loops=4 < 0.5"\n')
+    text = study_text(
+        extra='claims:\n  - "eval_accuracy[loops=8] > eval_accuracy[loops=1]"\n  - "eval_accuracy[loops=4 < 0.5"\n'
+    )
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     line = text.splitlines().index('  - "eval_accuracy[loops=4 < 0.5"') + 1
@@ -115,7 +122,8 @@ def ledgers(tmp_path_factory):
     return {
         "clean": data_mod.load(str(build(root / "clean", loglinear_outcome())[2]), workspace=root / "clean"),
         "failing": data_mod.load(
-            str(build(root / "failing", failing, extra='failure: "eval_accuracy < 0.2"\n')[2]), workspace=root / "failing"
+            str(build(root / "failing", failing, extra='failure: "eval_accuracy < 0.2"\n')[2]),
+            workspace=root / "failing",
         ),
         "noisy": data_mod.load(str(build(root / "noisy", noise)[2]), workspace=root / "noisy"),
     }
@@ -128,7 +136,8 @@ HOLDS_AND_FAILS = [
     ("clean", "eval_accuracy[loops=8] > eval_accuracy[loops=1]", "eval_accuracy[loops=8] <= eval_accuracy[loops=1]"),
     ("clean", "eval_accuracy[loops=1] > 0.25", "eval_accuracy[loops=1] > 0.35"),
     ("clean", "0.25 < eval_accuracy[loops=1]", "0.35 < eval_accuracy[loops=1]"),
-    ("clean", "median(eval_accuracy)[loops=4, block_layers=1] >= 0.4", "median(eval_accuracy)[loops=4, block_layers=1] < 0.4"),
+    ("clean", "median(eval_accuracy)[loops=4, block_layers=1] >= 0.4",
+     "median(eval_accuracy)[loops=4, block_layers=1] < 0.4"),
     ("clean", "iqm(eval_accuracy)[loops=4] > 0.4", "iqm(eval_accuracy)[loops=4] > 0.6"),
     ("clean", "median(eval_accuracy)[loops=2] < median(eval_accuracy)[loops=4]",
      "median(eval_accuracy)[loops=2] > median(eval_accuracy)[loops=4]"),
@@ -162,7 +171,9 @@ def test_failures_count_crashes_and_the_rule(ledgers):
 
 
 def test_overlapping_seeds_are_inconclusive(ledgers):
-    v = claims_mod.evaluate(ledgers["noisy"], "eval_accuracy[loops=2, block_layers=1] > eval_accuracy[loops=1, block_layers=1]")
+    v = claims_mod.evaluate(
+        ledgers["noisy"], "eval_accuracy[loops=2, block_layers=1] > eval_accuracy[loops=1, block_layers=1]"
+    )
     assert v.verdict == "inconclusive" and v.test.startswith("paired") and v.lo < 0 < v.hi
 
 
@@ -206,3 +217,11 @@ def test_analysis_of_a_running_or_extended_study_counts_missing_trials(tmp_path)
     result = runner.invoke(app, ["analyze", "synth", "--workspace", str(tmp_path)])
     assert result.exit_code == 0, output(result)
     assert "3 trials missing" in result.output
+
+
+def test_analysis_commands_on_a_missing_workspace_are_one_line_and_create_nothing(tmp_path):
+    missing = tmp_path / "typo"
+    for args in (["analyze", "synth"], ["verify", "synth"], ["report", "synth"]):
+        result = runner.invoke(app, [*args, "--workspace", str(missing)])
+        assert result.exit_code == 1 and "no results ledger" in result.output and "Traceback" not in result.output
+    assert not missing.exists()

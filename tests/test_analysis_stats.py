@@ -152,9 +152,7 @@ def test_percent_gap_on_the_paper_table():
             {"cell_hash": "P", "cell": "12x1", "baseline_of": "iso_param:L", column: param},
             {"cell_hash": "F", "cell": "24x1", "baseline_of": "iso_flop:L", column: flop},
         ]
-        frame = pd.DataFrame(
-            [{**r, "trial_key": r["cell_hash"], "seed": 0, "status": "succeeded"} for r in rows]
-        )
+        frame = pd.DataFrame([{**r, "trial_key": r["cell_hash"], "seed": 0, "status": "succeeded"} for r in rows])
         table = fits.percent_gap(from_frame(frame, metric=column), column)
         assert table.gap_pct.iloc[0] == pytest.approx(gap, abs=0.6)
 
@@ -165,7 +163,11 @@ def test_slope_ratio_between_groups():
     looped = 0.119 * np.log(depth) + 0.3 + jitter
     base = 0.100 * np.log(depth) + 0.3 + jitter
     points = pd.DataFrame(
-        {"depth": np.concatenate([depth, depth]), "y": np.concatenate([looped, base]), "group": ["loop"] * 12 + ["base"] * 12}
+        {
+            "depth": np.concatenate([depth, depth]),
+            "y": np.concatenate([looped, base]),
+            "group": ["loop"] * 12 + ["base"] * 12,
+        }
     )
     table = fits.fit_groups(points, "group", ref="base").set_index("group")
     assert table.loc["loop", "ratio"] == pytest.approx(1.19, abs=0.01)

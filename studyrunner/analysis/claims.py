@@ -11,7 +11,7 @@ Tests per quantity:
 
 | quantity | against a number | against the same quantity |
 |---|---|---|
-| metric mean | t-interval of the mean | paired t-interval over shared seeds (both sides one cell each, 2+ shared seeds), else Welch's |
+| metric mean | t-interval of the mean | paired t over shared seeds (one cell a side, 2+ shared), else Welch |
 | median, iqm | bootstrap (stratified by cell) | bootstrap of the difference, each side stratified by cell |
 | failure_rate | Wilson interval | Newcombe's interval of the difference (statsmodels), Fisher's exact p beside it |
 | slope | fit's interval (stratified bootstrap, or Jacobian with one seed per x) | bootstrap of the difference |
@@ -213,7 +213,10 @@ def _evaluate(data: StudyData, claim: Claim) -> Verdict:
             m = min(len(fa.boot), len(fb.boot))
             v.lo, v.hi = _percentile(fa.boot[:m, 0] - fb.boot[:m, 0])
         else:  # one seed per x: the Jacobian intervals, combined as independent normal errors
-            (alo, ahi), (blo, bhi) = fa.param_ci.get("alpha", (math.nan,) * 2), fb.param_ci.get("alpha", (math.nan,) * 2)
+            (alo, ahi), (blo, bhi) = (
+                fa.param_ci.get("alpha", (math.nan,) * 2),
+                fb.param_ci.get("alpha", (math.nan,) * 2),
+            )
             z = sps.norm.ppf(0.5 + CONFIDENCE / 2)
             se = math.hypot((ahi - alo) / (2 * z), (bhi - blo) / (2 * z))
             v.lo, v.hi = v.estimate - z * se, v.estimate + z * se

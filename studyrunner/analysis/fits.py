@@ -60,11 +60,16 @@ def _logistic(top: float) -> Form:
 
     def starts(lx, y):
         c0 = float(min(np.min(y), top * 0.999))
-        return [np.array([c, k, m]) for c in (c0, 0.0) for k in (0.5, 2.0, 5.0) for m in np.quantile(lx, [0.25, 0.5, 0.75])]
+        return [
+            np.array([c, k, m]) for c in (c0, 0.0) for k in (0.5, 2.0, 5.0) for m in np.quantile(lx, [0.25, 0.5, 0.75])
+        ]
 
     def bounds(lx, y):  # c between min(0, y) and top; a finite steepness; the midpoint near the data
         span = max(float(np.ptp(lx)), 1.0)
-        return ([min(0.0, float(np.min(y))), -50.0, float(lx.min()) - 2 * span], [top, 50.0, float(lx.max()) + 2 * span])
+        return (
+            [min(0.0, float(np.min(y))), -50.0, float(lx.min()) - 2 * span],
+            [top, 50.0, float(lx.max()) + 2 * span],
+        )
 
     return Form(
         "logistic",
@@ -189,9 +194,7 @@ def _solve(form: Form, lx: np.ndarray, y: np.ndarray, loss: str, f_scale: float,
         for start in starts if starts is not None else form.starts(lx, y):
             start = np.clip(start, np.nextafter(lower, np.inf), np.nextafter(upper, -np.inf))
             try:
-                res = least_squares(
-                    residual, start, loss=loss, f_scale=f_scale, method="trf", bounds=(lower, upper)
-                )
+                res = least_squares(residual, start, loss=loss, f_scale=f_scale, method="trf", bounds=(lower, upper))
             except (ValueError, np.linalg.LinAlgError):
                 continue
             if np.all(np.isfinite(res.x)) and (best is None or res.cost < best.cost):
@@ -405,7 +408,10 @@ def percent_gap(data: StudyData, metric: str | None = None, n_boot: int = N_BOOT
     for looped, kinds in by_kind.items():
         if "iso_param" not in kinds or "iso_flop" not in kinds:
             continue
-        vals = [done.loc[done.cell_hash == h, metric].dropna().to_numpy(float) for h in (looped, *[kinds[k] for k in ("iso_param", "iso_flop")])]
+        vals = [
+            done.loc[done.cell_hash == h, metric].dropna().to_numpy(float)
+            for h in (looped, *[kinds[k] for k in ("iso_param", "iso_flop")])
+        ]
         if any(not len(v) for v in vals):
             continue
         loop, param, flop = (v.mean() for v in vals)
@@ -449,4 +455,6 @@ def failure_vs_depth(data: StudyData) -> dict[str, float]:
     except Exception:  # noqa: BLE001 - perfect separation and friends
         return {}
     lo, hi = res.conf_int()[1]
+    if not np.isfinite(res.bse[1]) or res.bse[1] > 10:  # failures separate by depth: no identifiable slope
+        return {}
     return {"slope": float(res.params[1]), "slope_lo": float(lo), "slope_hi": float(hi), "n": len(y)}

@@ -29,7 +29,8 @@ def ui_base(tracking_uri_or_base_url: str | None) -> str:
 def runs_url(tracking_uri_or_base_url: str | None, experiment_id: str) -> str:
     """The study's runs table in the MLflow UI (model-training view), e.g.
     http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning"""
-    return f"{ui_base(tracking_uri_or_base_url)}/#/experiments/{quote(str(experiment_id))}/runs?workflowType=machine_learning"
+    base = ui_base(tracking_uri_or_base_url)
+    return f"{base}/#/experiments/{quote(str(experiment_id))}/runs?workflowType=machine_learning"
 
 
 def run_url(tracking_uri_or_base_url: str | None, experiment_id: str, run_id: str) -> str:

@@ -26,11 +26,26 @@ def _table(title: str, columns: list[str]) -> Table:
 def cells_table(a: Analysis) -> Table:
     table = _table(
         f"{a.metric} ({a.data.mode}) by cell, over seeds",
-        ["cell", "D", "n", "mean", "sd", "95% t", "95% BCa", "median", "IQM", "failed", "fail rate [Wilson]",
-         "mean|success", "bimodal", "missing"],  # fmt: skip
+        [
+            "cell",
+            "D",
+            "n",
+            "mean",
+            "sd",
+            "95% t",
+            "95% BCa",
+            "median",
+            "IQM",
+            "failed",
+            "fail rate [Wilson]",
+            "mean|success",
+            "bimodal",
+            "missing",
+        ],  # fmt: skip
     )
     for r in a.cells.itertuples():
-        table.add_row(
+        _add_row(
+            table,
             Text(r.cell + (f" ({r.baseline})" if r.baseline else "")),
             fmt(r.depth, 3),
             str(r.n),
@@ -49,6 +64,11 @@ def cells_table(a: Analysis) -> Table:
     return table
 
 
+def _add_row(table: Table, *cells) -> None:
+    """Every cell as Text: numbers and intervals such as [0.3, 0.5] are never read as markup."""
+    table.add_row(*(c if isinstance(c, Text) else Text(str(c)) for c in cells))
+
+
 def frame_table(title: str, df: pd.DataFrame, columns: dict[str, str]) -> Table:
     cols = [c for c in columns if c in df.columns]
     table = _table(title, [columns[c] for c in cols])
@@ -60,7 +80,8 @@ def frame_table(title: str, df: pd.DataFrame, columns: dict[str, str]) -> Table:
 def verdicts_table(verdicts: list[Verdict]) -> Table:
     table = _table("claims", ["claim", "verdict", "lhs", "rhs", "lhs − rhs", "95% interval", "test", "detail"])
     for v in verdicts:
-        table.add_row(
+        _add_row(
+            table,
             Text(v.claim),
             Text(v.verdict, style=STYLES.get(v.verdict, "")),
             fmt(v.lhs),
@@ -81,9 +102,26 @@ def print_analysis(a: Analysis, console: Console) -> None:
             frame_table(
                 f"fits of {a.metric} against effective depth D (best BIC first)",
                 a.fit_table,
-                {"depth": "D from", "form": "form", "n": "n", "alpha": "α", "alpha_lo": "α lo", "alpha_hi": "α hi",
-                 "beta": "β", "c": "c", "k": "k", "m": "m", "E": "E", "A": "A", "gamma": "γ", "r2": "R²",
-                 "rmse": "RMSE", "aic": "AIC", "bic": "BIC", "extrapolation_error": "extrap. err"},  # fmt: skip
+                {
+                    "depth": "D from",
+                    "form": "form",
+                    "n": "n",
+                    "alpha": "α",
+                    "alpha_lo": "α lo",
+                    "alpha_hi": "α hi",
+                    "beta": "β",
+                    "c": "c",
+                    "k": "k",
+                    "m": "m",
+                    "E": "E",
+                    "A": "A",
+                    "gamma": "γ",
+                    "r2": "R²",
+                    "rmse": "RMSE",
+                    "aic": "AIC",
+                    "bic": "BIC",
+                    "extrapolation_error": "extrap. err",
+                },  # fmt: skip
             )
         )
     else:
@@ -93,8 +131,18 @@ def print_analysis(a: Analysis, console: Console) -> None:
             frame_table(
                 f"log-linear fit per {a.group_by}",
                 a.groups,
-                {a.group_by: a.group_by, "n": "n", "alpha": "α", "alpha_lo": "α lo", "alpha_hi": "α hi", "r2": "R²",
-                 "ref": "ref", "ratio": "α/α_ref", "ratio_lo": "lo", "ratio_hi": "hi"},  # fmt: skip
+                {
+                    a.group_by: a.group_by,
+                    "n": "n",
+                    "alpha": "α",
+                    "alpha_lo": "α lo",
+                    "alpha_hi": "α hi",
+                    "r2": "R²",
+                    "ref": "ref",
+                    "ratio": "α/α_ref",
+                    "ratio_lo": "lo",
+                    "ratio_hi": "hi",
+                },  # fmt: skip
             )
         )
     if len(a.gap):
@@ -102,8 +150,15 @@ def print_analysis(a: Analysis, console: Console) -> None:
             frame_table(
                 "%Gap = 100·(looped − iso_param)/(iso_flop − iso_param)",
                 a.gap,
-                {"cell": "looped cell", "looped": "looped", "iso_param": "iso-param", "iso_flop": "iso-FLOP",
-                 "gap_pct": "%Gap", "gap_lo": "lo", "gap_hi": "hi"},  # fmt: skip
+                {
+                    "cell": "looped cell",
+                    "looped": "looped",
+                    "iso_param": "iso-param",
+                    "iso_flop": "iso-FLOP",
+                    "gap_pct": "%Gap",
+                    "gap_lo": "lo",
+                    "gap_hi": "hi",
+                },  # fmt: skip
             )
         )
     if len(a.paired):
@@ -111,8 +166,16 @@ def print_analysis(a: Analysis, console: Console) -> None:
             frame_table(
                 "paired comparisons over shared seeds (b − a)",
                 a.paired,
-                {"cell_a": "a", "cell_b": "b", "differs_in": "differs in", "pairs": "seeds", "diff_b_minus_a": "b − a",
-                 "t_lo": "t lo", "t_hi": "t hi", "p_b_better": "P(b better)"},  # fmt: skip
+                {
+                    "cell_a": "a",
+                    "cell_b": "b",
+                    "differs_in": "differs in",
+                    "pairs": "seeds",
+                    "diff_b_minus_a": "b − a",
+                    "t_lo": "t lo",
+                    "t_hi": "t hi",
+                    "p_b_better": "P(b better)",
+                },  # fmt: skip
             )
         )
     if len(a.time_to_solve_cells):
@@ -121,8 +184,14 @@ def print_analysis(a: Analysis, console: Console) -> None:
             frame_table(
                 f"time to solve ({a.metric} reaching {threshold})",
                 a.time_to_solve_cells,
-                {"cell": "cell", "solved": "solved", "seeds": "seeds", "median_step": "median step (KM)",
-                 "first_step": "first", "last_step": "last"},  # fmt: skip
+                {
+                    "cell": "cell",
+                    "solved": "solved",
+                    "seeds": "seeds",
+                    "median_step": "median step (KM)",
+                    "first_step": "first",
+                    "last_step": "last",
+                },  # fmt: skip
             )
         )
     if a.verdicts:

@@ -228,8 +228,9 @@ def _trials_table(a: Analysis, ui: str | None) -> dict:
         run = getattr(r, "mlflow_run_id", None)
         link = run_url(ui, d.experiment_id, run) if run and d.experiment_id else None
         value = getattr(r, a.metric, math.nan) if a.metric in d.trials else math.nan
-        rows.append({"key": r.trial_key, "cell": r.cell, "seed": r.seed, "status": r.status,
-                     "failed": "failed" if r.failed else "", "value": fmt(value), "run": run or "", "link": link})  # fmt: skip
+        failed = "failed" if r.failed else ""
+        row = {"key": r.trial_key, "cell": r.cell, "seed": r.seed, "status": r.status, "failed": failed}
+        rows.append({**row, "value": fmt(value), "run": run or "", "link": link})
     return {"rows": rows}
 
 
@@ -250,7 +251,13 @@ def render(a: Analysis, ui: str | None = None) -> str:
     group_cols = {a.group_by or "": a.group_by or "", "n": "n", "alpha": "α", "alpha_lo": "α lo", "alpha_hi": "α hi",
                   "r2": "R²", "ref": "ref", "ratio": "α / α_ref", "ratio_lo": "lo", "ratio_hi": "hi"}  # fmt: skip
     verdicts = [
-        {**v.row(), "difference": fmt(v.estimate), "interval": interval(v.lo, v.hi), "lhs": fmt(v.lhs), "rhs": fmt(v.rhs)}
+        {
+            **v.row(),
+            "difference": fmt(v.estimate),
+            "interval": interval(v.lo, v.hi),
+            "lhs": fmt(v.lhs),
+            "rhs": fmt(v.rhs),
+        }
         for v in a.verdicts
     ]
     context = {
@@ -272,18 +279,49 @@ def render(a: Analysis, ui: str | None = None) -> str:
         ),
         "fits": _table(a.fit_table, fit_cols) if len(a.fits) else None,
         "groups": _table(a.groups, group_cols) if len(a.groups) else None,
-        "gap": _table(a.gap, {"cell": "looped cell", "looped": "looped", "iso_param": "iso-param",
-                               "iso_flop": "iso-FLOP", "gap_pct": "%Gap", "gap_lo": "lo", "gap_hi": "hi"})  # fmt: skip
+        "gap": _table(
+            a.gap,
+            {
+                "cell": "looped cell",
+                "looped": "looped",
+                "iso_param": "iso-param",
+                "iso_flop": "iso-FLOP",
+                "gap_pct": "%Gap",
+                "gap_lo": "lo",
+                "gap_hi": "hi",
+            },
+        )  # fmt: skip
         if len(a.gap)
         else None,
-        "paired": _table(a.paired, {"cell_a": "a", "cell_b": "b", "differs_in": "differs in", "pairs": "shared seeds",
-                                    "diff_b_minus_a": "b − a", "t_lo": "t lo", "t_hi": "t hi", "boot_lo": "boot lo",
-                                    "boot_hi": "boot hi", "p_b_better": "P(b better)"})  # fmt: skip
+        "paired": _table(
+            a.paired,
+            {
+                "cell_a": "a",
+                "cell_b": "b",
+                "differs_in": "differs in",
+                "pairs": "shared seeds",
+                "diff_b_minus_a": "b − a",
+                "t_lo": "t lo",
+                "t_hi": "t hi",
+                "boot_lo": "boot lo",
+                "boot_hi": "boot hi",
+                "p_b_better": "P(b better)",
+            },
+        )  # fmt: skip
         if len(a.paired)
         else None,
-        "tts": _table(a.time_to_solve_cells, {"cell": "cell", "solved": "solved", "seeds": "seeds",
-                                               "median_step": "median step (Kaplan-Meier)", "first_step": "first",
-                                               "last_step": "last", "threshold": "threshold"})  # fmt: skip
+        "tts": _table(
+            a.time_to_solve_cells,
+            {
+                "cell": "cell",
+                "solved": "solved",
+                "seeds": "seeds",
+                "median_step": "median step (Kaplan-Meier)",
+                "first_step": "first",
+                "last_step": "last",
+                "threshold": "threshold",
+            },
+        )  # fmt: skip
         if len(a.time_to_solve_cells)
         else None,
         "failure_depth": a.failure_depth,

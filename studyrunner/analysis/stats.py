@@ -216,7 +216,11 @@ def paired_difference(a: pd.Series, b: pd.Series, confidence: float = CONFIDENCE
     both = pd.concat([a.rename("a"), b.rename("b")], axis=1, join="inner").dropna()
     d = (both.a - both.b).to_numpy(float)
     n = len(d)
-    out = {"pairs": n, "diff": float(d.mean()) if n else math.nan, "p_improve": probability_of_improvement(both.a, both.b)}
+    out = {
+        "pairs": n,
+        "diff": float(d.mean()) if n else math.nan,
+        "p_improve": probability_of_improvement(both.a, both.b),
+    }
     out["wins"] = float((d > 0).mean()) if n else math.nan
     out["t_lo"], out["t_hi"] = t_interval(d, confidence)
     if n >= 3 and np.ptp(d) > 0:

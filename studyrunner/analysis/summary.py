@@ -46,7 +46,9 @@ class Analysis:
     def header(self) -> str:
         d = self.data
         done = len(d.done)
-        text = f"{d.name}: {done} trials finished in {d.trials.cell_hash.nunique()} cells; metric {self.metric} ({d.mode})"
+        text = (
+            f"{d.name}: {done} trials finished in {d.trials.cell_hash.nunique()} cells; metric {self.metric} ({d.mode})"
+        )
         if d.missing:
             text += f"; {d.missing} trials missing (not run yet or still running): statistics cover finished seeds only"
         if d.failure_rule is not None:

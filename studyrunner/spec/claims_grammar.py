@@ -197,8 +197,10 @@ class _ClaimParser(_Parser):
         self.end()
         if isinstance(lhs, Number) and isinstance(rhs, Number):
             raise GrammarError("a claim needs a metric, failure_rate or slope on one side", 1, self.text)
-        if isinstance(lhs, Quantity) and isinstance(rhs, Quantity) and (lhs.kind == "failure_rate") != (
-            rhs.kind == "failure_rate"
+        if (
+            isinstance(lhs, Quantity)
+            and isinstance(rhs, Quantity)
+            and (lhs.kind == "failure_rate") != (rhs.kind == "failure_rate")
         ):
             raise GrammarError("failure_rate can only be compared with a number or another failure_rate", 1, self.text)
         return Claim(lhs, op.text, rhs, self.text)

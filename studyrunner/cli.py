@@ -478,15 +478,21 @@ def report(
 @app.command()
 @user_errors
 def ui(
+    study: Annotated[
+        str | None, typer.Argument(help="Study whose runs page to print (default: every study in the ledger).")
+    ] = None,
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port.")] = 5000,
     host: Annotated[str, typer.Option(help="Interface to bind; 127.0.0.1 keeps it on this machine.")] = "127.0.0.1",
     tracking_uri: TrackingOpt = None,
+    db: DbOpt = None,
     workspace: WorkspaceOpt = None,
 ):
     """Serve the MLflow UI over the study tracking store until Ctrl-C (stopping `ui` stops the server)."""
+    from .analysis.mlflow_ui import runs_url
     from .orchestrate.ui_server import serve
 
-    ws = _workspace(workspace, tracking_uri=tracking_uri)
+    ws = _workspace(workspace, db=db, tracking_uri=tracking_uri)
+    experiments = _experiments(ws.db_url, study)
     if "://" in ws.tracking_uri and ws.tracking_uri.split("://")[0] in ("http", "https"):
         raise StudyrunnerError(f"the tracking store is already a server ({ws.tracking_uri}); open it directly")
     if ws.tracking_uri.startswith("sqlite:///") and not Path(ws.tracking_uri.removeprefix("sqlite:///")).is_file():
@@ -500,8 +506,24 @@ def ui(
         err.print(
             f"MLflow UI for {ws.tracking_uri}\n  -> {url}   (Ctrl-C stops it; server log: {log_path})", markup=False
         )
+        for name, experiment_id in experiments:  # the runs table, not MLflow's GenAI overview
+            err.print(f"  {name}: {runs_url(url, experiment_id)}", markup=False, highlight=False)
 
     raise typer.Exit(serve(ws.tracking_uri, host, port, log_path, ready))
+
+
+def _experiments(db_url: str, study: str | None) -> list[tuple[str, str]]:
+    """(study, MLflow experiment id) to print runs links for; the named study must exist."""
+    from .store import Ledger
+
+    try:
+        ledger = Ledger(db_url, create=False)
+    except StudyrunnerError:
+        if study is not None:
+            raise
+        return []  # a tracking store without a ledger beside it: serve it anyway
+    rows = [ledger.get_study(study)] if study is not None else ledger.studies()
+    return [(r.name, r.mlflow_experiment_id) for r in rows if r.mlflow_experiment_id]
 
 
 db_app = typer.Typer(

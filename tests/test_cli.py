@@ -133,6 +133,7 @@ def test_ui_serves_the_study_on_localhost(submitted):
         os.killpg(proc.pid, 15)
         _, err = proc.communicate(timeout=30)
     assert f"http://127.0.0.1:{port}" in err
+    assert f"tiny: http://127.0.0.1:{port}/#/experiments/" in err and "workflowType=machine_learning" in err
     # Stopping `ui` stops its server: nothing answers on the port afterwards, and no traceback was printed.
     assert proc.returncode == 0 and "Traceback" not in err
     with pytest.raises(OSError):

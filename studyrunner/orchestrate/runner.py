@@ -52,6 +52,8 @@ def _quiet_ray_env() -> None:
     # and MLflow, not repeated ~30 lines deep on the console for every attempt.
     for name in ("ray.tune.execution.tune_controller", "ray.tune.tune"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    # "Processing trial results took 1.4 s": the driver's first MLflow writes, not a user's concern.
+    logging.getLogger("ray.tune.utils.util").setLevel(logging.ERROR)
 
 
 def _check_reachable(address: str) -> None:

@@ -69,6 +69,8 @@ class Recorder(DriverCallback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         key = self._key(trial)
         run_id = self._ensure_run(key)
+        if result.get("facts"):  # how the trial computes (train/device.py), once per attempt
+            self.tracker.log_params(run_id, {f"runtime.{k}": str(v) for k, v in result["facts"].items()})
         if result.get("final"):
             return  # the summary repeats the last records; it is stored at completion
         step, metrics = int(result["step"]), result["metrics"]

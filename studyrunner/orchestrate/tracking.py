@@ -157,6 +157,10 @@ class Tracker:
         )
         return run_id
 
+    def log_params(self, run_id: str, params: dict[str, str]) -> None:
+        """Extra params of a run (a trial's `runtime.*` facts), cut to MLflow's length limit."""
+        self._log_params(run_id, {k: v[:MAX_PARAM_LEN] for k, v in params.items()})
+
     def _log_params(self, run_id: str, params: dict[str, str]) -> None:
         from mlflow.entities import Param
 

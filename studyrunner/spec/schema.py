@@ -49,6 +49,7 @@ class ModelSection(Strict):
 
 
 _AUX_WEIGHT_KNOBS = frozenset({"ponder_lambda", "ponder_lambda_warmup_steps", "regulariser_lambda"})
+_RUNTIME_KNOBS = frozenset({"device", "precision", "compile"})
 
 
 class TrainSection(Strict):
@@ -82,10 +83,27 @@ class TrainSection(Strict):
         description="Write a resumable checkpoint every N steps (the newest 2 are kept); unset = only after "
         "the last step. Results do not depend on it.",
     )
+    # How a trial computes (studyrunner/train/device.py). Unset = auto / fp32 / none, and left out of the
+    # resolved config, so cells that do not set them keep their hashes.
+    device: Literal["auto", "cpu", "cuda"] | None = Field(
+        None,
+        description="auto (unset): the GPU Ray assigned the trial (resources.gpu > 0), else the CPU; cuda "
+        "fails the trial when it has no GPU.",
+    )
+    precision: Literal["fp32", "tf32", "bf16"] | None = Field(
+        None,
+        description="fp32 (unset): float32, TF32 off; tf32: TF32 matmuls on a GPU; bf16: bfloat16 autocast "
+        "(float32 weights and optimizer).",
+    )
+    compile: Literal["none", "default", "reduce_overhead"] | None = Field(
+        None,
+        description="none (unset): eager; default: torch.compile of the model for training steps; "
+        "reduce_overhead: the same with CUDA graphs on a GPU.",
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unset_knobs(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _omit_unset(handler(self), _AUX_WEIGHT_KNOBS | {"checkpoint_every"})
+        return _omit_unset(handler(self), _AUX_WEIGHT_KNOBS | _RUNTIME_KNOBS | {"checkpoint_every"})
 
     @field_validator("betas")
     @classmethod

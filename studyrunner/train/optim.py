@@ -8,13 +8,18 @@ import torch
 from torch import nn
 
 
-def make_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]):
+def make_optimizer(
+    model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float], *, fused: bool = False
+):
+    """`fused`: one fused CUDA kernel per step (the trainer sets it on a GPU); else the foreach path."""
     # Norm gains and biases are not decayed: shrinking them toward 0 only fights the normalisation.
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+    if fused:
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
     return torch.optim.AdamW(groups, lr=lr, betas=betas, foreach=True)
 
 

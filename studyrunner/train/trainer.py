@@ -12,6 +12,12 @@ fills its diagnostics when evaluated (`forward(..., diagnose=True)`).
 With a checkpoint location, a trial writes checkpoints (checkpoint.py) and resumes from the newest
 intact one: its later records and final metrics are those of a run that never stopped (wall-clock
 timings aside).
+
+Device, precision and compile mode (`train.device`, `train.precision`, `train.compile`) are resolved
+in device.py: the model is built on the CPU (so its initial weights do not depend on the device),
+then moved; eval sets are generated once and kept on the device; each train batch is generated on
+the CPU and copied. How the trial computed is sent once per attempt, before any record, to the
+reporter's optional `facts` (device name, precision, compile mode, torch.backends switches).
 """
 
 from __future__ import annotations
@@ -27,10 +33,11 @@ from ..models import build_model, count_params
 from ..models.output import AUX_TERMS
 from ..tasks import Batch, Task, build_task
 from .checkpoint import CheckpointMismatch, Checkpoints, CheckpointStorage, capture_rng, open_storage, restore_rng
+from .device import Runtime
 from .evaluation import EVAL_CHUNK, evaluate, evaluate_and_record
 from .optim import lr_at, make_optimizer
 from .progress import Progress
-from .reporter import MemoryReporter, Reporter, send_note
+from .reporter import MemoryReporter, Reporter, send_facts, send_note
 from .schedules import aux_weights
 
 __all__ = ["EVAL_CHUNK", "HALT_COLLAPSE_FRACTION", "TrialSetup", "build_trial", "evaluate", "run_trial"]
@@ -43,7 +50,12 @@ CheckpointsArg = str | os.PathLike[str] | CheckpointStorage | Checkpoints | None
 
 
 def run_trial(
-    config: dict[str, Any], seed: int, reporter: Reporter | None = None, checkpoints: CheckpointsArg = None
+    config: dict[str, Any],
+    seed: int,
+    reporter: Reporter | None = None,
+    checkpoints: CheckpointsArg = None,
+    *,
+    device: str | torch.device | None = None,
 ) -> dict[str, float]:
     """Train and evaluate one (cell config, seed); report records as it goes; return final metrics.
 
@@ -51,9 +63,14 @@ def run_trial(
     folder, a pyarrow filesystem URI, or a storage object; one per trial) turns checkpointing on:
     every `train.checkpoint_every` steps and after the last step, and a resume from the newest
     intact checkpoint found there. Records up to that checkpoint are not sent again.
+
+    `device` is the device the caller assigned the trial (the Ray trainable: the GPU Ray gave it, or
+    "cpu"); None = none assigned. With `train.device: auto` the trial trains there, or on a visible
+    GPU when nothing was assigned (device.py has the rules).
     """
     reporter = reporter or MemoryReporter()
-    trial = build_trial(config, seed)
+    trial = build_trial(config, seed, device)
+    send_facts(reporter, trial.runtime.facts())
     store = _open_checkpoints(checkpoints, config, seed, reporter)
     progress = _resume(store, trial) if store is not None else Progress()
     if progress.step == 0:
@@ -63,7 +80,8 @@ def run_trial(
         lr, tokens = train_step(trial, progress)
         done = progress.step
         record = progress.window.record(lr, tokens) if trial.record_due(done) else {}
-        record.update(evaluate_and_record(trial.model, trial.task, trial.splits, done, trial.steps, trial.ev))
+        with trial.runtime.autocast():
+            record.update(evaluate_and_record(trial.model, trial.task, trial.splits, done, trial.steps, trial.ev))
         if record:
             progress.last.update(record)
             reporter.log(done, record)
@@ -74,7 +92,8 @@ def run_trial(
 
 @dataclass
 class TrialSetup:
-    """The built parts of a trial: task, model, optimizer, eval sets and the knobs the loop reads."""
+    """The built parts of a trial: task, model, optimizer, eval sets (on the device) and the knobs the
+    loop reads. `step_model` is what a training step calls: `model`, or it compiled (same weights)."""
 
     train: dict[str, Any]
     ev: dict[str, Any]
@@ -84,6 +103,8 @@ class TrialSetup:
     splits: dict[str, Batch]
     static: dict[str, float]  # params, effective_depth
     grad_groups: dict[str, list[torch.nn.Parameter]]
+    runtime: Runtime
+    step_model: torch.nn.Module
 
     @property
     def steps(self) -> int:
@@ -97,16 +118,19 @@ class TrialSetup:
         return done % self.train["log_every"] == 0 or done == self.steps
 
 
-def build_trial(config: dict[str, Any], seed: int) -> TrialSetup:
-    torch.manual_seed(seed)
+def build_trial(config: dict[str, Any], seed: int, device: str | torch.device | None = None) -> TrialSetup:
     train, ev = config["train"], config["eval"]
+    runtime = Runtime.resolve(train, device)  # first: a trial that cannot run fails before any work
+    runtime.apply_backends()
+    torch.manual_seed(seed)
     task = build_task(config["task"]["name"], config["task"]["params"], seed)
-    model = build_model(config["model"]["family"], config["model"]["params"], task.facts)
-    optimizer = make_optimizer(model, train["lr"], train["weight_decay"], tuple(train["betas"]))
-    splits = task.eval_sets(ev["examples"])
+    model = build_model(config["model"]["family"], config["model"]["params"], task.facts).to(runtime.device)
+    optimizer = make_optimizer(model, train["lr"], train["weight_decay"], tuple(train["betas"]), fused=runtime.on_cuda)
+    splits = {name: runtime.to_device(batch) for name, batch in task.eval_sets(ev["examples"]).items()}
     static = {"params": float(count_params(model)), "effective_depth": float(model.effective_depth)}
     grad_groups = model.grad_norm_groups() if hasattr(model, "grad_norm_groups") else {}
-    return TrialSetup(train, ev, task, model, optimizer, splits, static, grad_groups)
+    step_model = runtime.compiled(model)
+    return TrialSetup(train, ev, task, model, optimizer, splits, static, grad_groups, runtime, step_model)
 
 
 def train_step(trial: TrialSetup, progress: Progress) -> tuple[float, int]:
@@ -116,12 +140,14 @@ def train_step(trial: TrialSetup, progress: Progress) -> tuple[float, int]:
     lr = trial.lr(step)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    batch = trial.task.train_batch(step, trial.train["batch_size"])
-    result = model(batch.inputs)
-    loss = trial.task.loss(result.logits, batch)
-    weights = aux_weights(step, trial.train, result.aux)
-    for name, term in result.aux.items():
-        loss = loss + weights[name] * term
+    batch = trial.runtime.to_device(trial.task.train_batch(step, trial.train["batch_size"]))
+    trial.runtime.step_begin()
+    with trial.runtime.autocast():
+        result = trial.step_model(batch.inputs)
+        loss = trial.task.loss(result.logits, batch)
+        weights = aux_weights(step, trial.train, result.aux)
+        for name, term in result.aux.items():
+            loss = loss + weights[name] * term
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     # before clipping: the gradient the loss asked for

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .claims import CONTRADICTED, INCONCLUSIVE, INVALID, SUPPORTED, Verdict
-from .summary import Analysis, fmt, interval
+from .summary import GAP_COLUMNS, Analysis, fmt, interval
 
 STYLES = {SUPPORTED: "green", CONTRADICTED: "red", INCONCLUSIVE: "yellow", INVALID: "magenta"}
 
@@ -150,15 +150,7 @@ def print_analysis(a: Analysis, console: Console) -> None:
             frame_table(
                 "%Gap = 100·(looped − iso_param)/(iso_flop − iso_param)",
                 a.gap,
-                {
-                    "cell": "looped cell",
-                    "looped": "looped",
-                    "iso_param": "iso-param",
-                    "iso_flop": "iso-FLOP",
-                    "gap_pct": "%Gap",
-                    "gap_lo": "lo",
-                    "gap_hi": "hi",
-                },  # fmt: skip
+                GAP_COLUMNS,
             )
         )
     if len(a.paired):

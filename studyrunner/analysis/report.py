@@ -19,7 +19,7 @@ import pandas as pd
 from ..errors import StudyrunnerError
 from .data import StudyData
 from .mlflow_ui import run_url, runs_url
-from .summary import Analysis, analyze, fmt, interval
+from .summary import GAP_COLUMNS, Analysis, analyze, fmt, interval
 
 TEMPLATE = "report.html.j2"
 CURVE_METRICS = ("train_loss", "eval_loss")  # plotted per cell when present, with the study metric
@@ -279,20 +279,7 @@ def render(a: Analysis, ui: str | None = None) -> str:
         ),
         "fits": _table(a.fit_table, fit_cols) if len(a.fits) else None,
         "groups": _table(a.groups, group_cols) if len(a.groups) else None,
-        "gap": _table(
-            a.gap,
-            {
-                "cell": "looped cell",
-                "looped": "looped",
-                "iso_param": "iso-param",
-                "iso_flop": "iso-FLOP",
-                "gap_pct": "%Gap",
-                "gap_lo": "lo",
-                "gap_hi": "hi",
-            },
-        )  # fmt: skip
-        if len(a.gap)
-        else None,
+        "gap": _table(a.gap, GAP_COLUMNS) if len(a.gap) else None,
         "paired": _table(
             a.paired,
             {

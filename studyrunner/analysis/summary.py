@@ -78,6 +78,18 @@ class Analysis:
         }
 
 
+# %Gap table columns and their headings, shared by the terminal and the HTML report.
+GAP_COLUMNS = {
+    "cell": "looped cell",
+    "looped": "looped",
+    "iso_param": "iso-param",
+    "iso_flop": "iso-FLOP",
+    "gap_pct": "%Gap",
+    "gap_lo": "lo",
+    "gap_hi": "hi",
+}
+
+
 def default_forms(mode: str) -> tuple[str, ...]:
     """Accuracies (max) may saturate: log-linear and logistic; losses (min): log-linear and power law."""
     return ("loglinear", "logistic") if mode == "max" else ("loglinear", "power_floor")

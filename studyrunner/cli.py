@@ -66,8 +66,8 @@ def user_errors(fn):
         except StudyrunnerError as exc:
             say_error(str(exc))
             raise typer.Exit(exc.exit_code) from None
-        except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
-            raise
+        except (typer.Exit, typer.Abort, typer.BadParameter, KeyboardInterrupt, SystemExit):
+            raise  # click's own usage errors (a bad option value) print as usual, exit 2
         except Exception as exc:  # noqa: BLE001 - the boundary itself
             if os.environ.get("STUDYRUNNER_DEBUG"):
                 raise
@@ -108,69 +108,203 @@ def _workspace(
     return Workspace.resolve(workspace, db=db, tracking_uri=tracking_uri, storage=storage)
 
 
+AddressOpt = Annotated[
+    str | None, typer.Option(help="Ray cluster address [env RAY_ADDRESS; default: start a local Ray].")
+]
+MaxConcurrentOpt = Annotated[int | None, typer.Option(min=1, help="At most this many trials at once.")]
+MaxFailuresOpt = Annotated[
+    int | None,
+    typer.Option(min=0, help="Retries per trial after infrastructure failures [default: the study's `retries:`]."),
+]
+StorageOpt = Annotated[
+    str | None, typer.Option(help="Folder or URI for curves, checkpoints and Ray results [env STUDYRUNNER_STORAGE].")
+]
+ProgressOpt = Annotated[bool, typer.Option(help="Live progress display.")]
+StaleOpt = Annotated[
+    float | None,
+    typer.Option(
+        min=0,
+        help="Seconds without a heartbeat before a submit counts as dead [env STUDYRUNNER_STALE_AFTER; 60].",
+    ),
+]
+StudyName = Annotated[str, typer.Argument(help="Study name (as in the ledger).", show_default=False)]
+
+
+def _options(address=None, max_concurrent=None, max_failures=None, progress=True, stale_after=None):
+    from .orchestrate import RunOptions
+    from .store.ledger import STALE_AFTER_S
+
+    return RunOptions(
+        address=address,
+        max_concurrent=max_concurrent,
+        max_failures=max_failures,
+        show_progress=progress,
+        stale_after=STALE_AFTER_S if stale_after is None else stale_after,
+    )
+
+
 @app.command()
 @user_errors
 def submit(
     file: StudyFile,
-    address: Annotated[
-        str | None, typer.Option(help="Ray cluster address [env RAY_ADDRESS; default: start a local Ray].")
-    ] = None,
-    max_concurrent: Annotated[int | None, typer.Option(min=1, help="At most this many trials at once.")] = None,
-    max_failures: Annotated[int, typer.Option(min=0, help="Retries per trial (Ray Tune FailureConfig).")] = 0,
+    address: AddressOpt = None,
+    max_concurrent: MaxConcurrentOpt = None,
+    max_failures: MaxFailuresOpt = None,
     db: DbOpt = None,
     tracking_uri: TrackingOpt = None,
-    storage: Annotated[
-        str | None, typer.Option(help="Folder or URI for curves and Ray results [env STUDYRUNNER_STORAGE].")
-    ] = None,
+    storage: StorageOpt = None,
     workspace: WorkspaceOpt = None,
-    progress: Annotated[bool, typer.Option(help="Live progress display.")] = True,
+    progress: ProgressOpt = True,
+    as_new_study: Annotated[
+        str | None,
+        typer.Option(help="Submit the file under this study name (for an edit that changes cells that already ran)."),
+    ] = None,
 ):
-    """Compile a study and run every trial that has not yet succeeded."""
+    """Compile a study and run its new, pending and interrupted trials (failed ones: `rerun`)."""
     from .orchestrate import submit as run
-    from .spec import load_and_compile
+    from .spec import compile_study, load
 
-    compiled = load_and_compile(file)
+    study = load(file)
+    if as_new_study is not None:
+        study = _renamed(study, as_new_study)
+    compiled = compile_study(study)
     _warn(compiled.warnings)
     ws = _workspace(workspace, db, tracking_uri, storage)
+    _run_and_report(
+        lambda: run(compiled, ws, options=_options(address, max_concurrent, max_failures, progress), console=err),
+        ws,
+        compiled.study.name,
+        f"studyrunner resume {compiled.study.name}",
+    )
+
+
+def _renamed(study, name: str):
+    from .spec.schema import Study
+
     try:
-        result = run(
-            compiled,
-            ws,
-            address=address,
-            max_concurrent=max_concurrent,
-            max_failures=max_failures,
-            console=err,
-            show_progress=progress,
-        )
-    except KeyboardInterrupt:  # before Ray Tune took over (starting Ray, opening MLflow): nothing ran
-        err.print(f"interrupted before any trial started; resume with: studyrunner submit {file}", markup=False)
+        Study.model_validate({"name": name, **{k: v for k, v in study.model_dump().items() if k != "name"}})
+    except Exception:  # noqa: BLE001 - pydantic says why; the name is the only change
+        raise typer.BadParameter(
+            f"{name!r}: a study name is lowercase letters, digits, '_' and '-'", param_hint="--as-new-study"
+        ) from None
+    renamed = study.model_copy(update={"name": name})
+    renamed._source, renamed._node, renamed._text = study._source, study._node, study._text
+    return renamed
+
+
+def _run_and_report(run, ws, study_name: str, resume_hint: str) -> None:
+    """Run a submit/resume/rerun and say what happened; exit 130 when interrupted, 1 when trials failed."""
+    try:
+        result = run()
+    except KeyboardInterrupt:  # before Ray Tune took over, or a second Ctrl-C: the ledger is released
+        err.print(f"interrupted; unfinished trials are pending. Resume with: {resume_hint}", markup=False)
         raise typer.Exit(130) from None
-    if result.ran or result.interrupted:
+    if result.ran or result.interrupted or result.cancelled:
         err.print(
             f"{escape(result.study)}: ran {result.ran} trials in {result.wall_time_s:.0f} s: "
             f"[green]{len(result.succeeded)} succeeded[/], [red]{len(result.failed)} failed[/]"
+            + (f", [magenta]{len(result.diverged)} diverged[/]" if result.diverged else "")
             + (f", {len(result.interrupted)} interrupted (pending)" if result.interrupted else "")
+            + (f", {len(result.cancelled)} cancelled" if result.cancelled else "")
         )
+    elif result.busy:
+        err.print(f"{escape(result.study)}: every trial to run is being run by another process")
     else:
-        err.print(f"{escape(result.study)}: nothing to run; every trial already succeeded")
-    _print_summary(ws, compiled.study)
+        err.print(f"{escape(result.study)}: nothing to run")
+    _print_summary(ws, study_name)
     err.print(f"ledger: {ws.db_url}\nMLflow: {ws.tracking_uri}  (studyrunner ui)", markup=False, highlight=False)
     if result.interrupted:
-        err.print(f"resume with: studyrunner submit {file}  (runs only what has not succeeded)", markup=False)
+        err.print(f"resume with: {resume_hint}  (runs only what has not finished)", markup=False)
         raise typer.Exit(130)
     if result.failed:
-        err.print(f"see errors: studyrunner results {result.study} --format table", markup=False)
+        err.print(f"see errors: studyrunner status {result.study}", markup=False)
         raise typer.Exit(1)
 
 
-def _print_summary(ws, study) -> None:
+@app.command()
+@user_errors
+def resume(
+    study: StudyName,
+    address: AddressOpt = None,
+    max_concurrent: MaxConcurrentOpt = None,
+    max_failures: MaxFailuresOpt = None,
+    db: DbOpt = None,
+    tracking_uri: TrackingOpt = None,
+    storage: StorageOpt = None,
+    workspace: WorkspaceOpt = None,
+    progress: ProgressOpt = True,
+    stale_after: StaleOpt = None,
+):
+    """Finish a study whose submit was killed or stopped: run its pending, cancelled and stale trials."""
+    from .orchestrate import resume as run
+
+    ws = _workspace(workspace, db, tracking_uri, storage)
+    options = _options(address, max_concurrent, max_failures, progress, stale_after)
+    _run_and_report(lambda: run(study, ws, options=options, console=err), ws, study, f"studyrunner resume {study}")
+
+
+@app.command()
+@user_errors
+def rerun(
+    study: StudyName,
+    failed: Annotated[bool, typer.Option("--failed", help="Trials that failed.")] = False,
+    diverged: Annotated[bool, typer.Option("--diverged", help="Trials that diverged.")] = False,
+    missing: Annotated[bool, typer.Option("--missing", help="Trials that never ran.")] = False,
+    stale: Annotated[bool, typer.Option("--stale", help="Trials held by a submit that died.")] = False,
+    cancelled: Annotated[bool, typer.Option("--cancelled", help="Trials that were cancelled.")] = False,
+    seeds: Annotated[str | None, typer.Option(help="Only these seeds, e.g. 0,2.")] = None,
+    cell: Annotated[list[str] | None, typer.Option(help="Only this cell (hash or its prefix); repeatable.")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Discard their checkpoints: train from step 0.")] = False,
+    address: AddressOpt = None,
+    max_concurrent: MaxConcurrentOpt = None,
+    max_failures: MaxFailuresOpt = None,
+    db: DbOpt = None,
+    tracking_uri: TrackingOpt = None,
+    storage: StorageOpt = None,
+    workspace: WorkspaceOpt = None,
+    progress: ProgressOpt = True,
+    stale_after: StaleOpt = None,
+):
+    """Run chosen trials again (no filter: every trial not succeeded), as new attempts of the same trials."""
+    from .orchestrate import RerunSelection
+    from .orchestrate import rerun as run
+
+    try:
+        seed_list = tuple(int(x) for x in seeds.split(",") if x.strip()) if seeds else ()
+    except ValueError:
+        raise typer.BadParameter(
+            f"{seeds!r}: seeds are integers separated by commas, e.g. 0,2", param_hint="--seeds"
+        ) from None
+    select = RerunSelection(failed, diverged, missing, stale, cancelled, seed_list, tuple(cell or ()), fresh)
+    ws = _workspace(workspace, db, tracking_uri, storage)
+    options = _options(address, max_concurrent, max_failures, progress, stale_after)
+    _run_and_report(
+        lambda: run(study, ws, select, options=options, console=err), ws, study, f"studyrunner resume {study}"
+    )
+
+
+@app.command()
+@user_errors
+def cancel(study: StudyName, db: DbOpt = None, workspace: WorkspaceOpt = None):
+    """Stop a running study from another terminal: its unfinished trials become cancelled."""
+    from .orchestrate import cancel as run
+
+    asked, now = run(study, _workspace(workspace, db))
+    if asked:
+        out.print(f"asked {asked} running submit(s) of {study} to stop; their unfinished trials end cancelled")
+    out.print(f"{now} pending trials cancelled" + ("" if asked else f"; nothing of {study} is running"))
+
+
+def _print_summary(ws, name: str) -> None:
     from .results import cell_summary, trials_frame
+    from .spec import loads
     from .store import Ledger
 
-    metric = study.metric
-    summary = cell_summary(trials_frame(Ledger(ws.db_url), study.name), metric.name, metric.mode)
+    ledger = Ledger(ws.db_url)
+    metric = loads(ledger.get_study(name).spec_text).metric
+    summary = cell_summary(trials_frame(ledger, name), metric.name, metric.mode)
     if summary.empty:
-        _warn([f"no trial reported {metric.name!r}; see `studyrunner results {study.name}`"])
+        _warn([f"no trial reported {metric.name!r}; see `studyrunner results {name}`"])
         return
     table = Table(title=f"{metric.name} ({metric.mode}) by cell, over seeds")
     for col in ("cell", "mean", "std", "seeds", "failed"):
@@ -247,24 +381,54 @@ def status(
     study: Annotated[str | None, typer.Argument(help="Study name (default: all studies).")] = None,
     db: DbOpt = None,
     workspace: WorkspaceOpt = None,
+    stale_after: StaleOpt = None,
 ):
-    """Trials per status, per study."""
+    """Trials per status, per study; then each failed or diverged trial with its class and first error line."""
     from .store import STATUSES, Ledger
+    from .store.ledger import STALE_AFTER_S
 
     ledger = Ledger(_workspace(workspace, db).db_url, create=False)
-    counts = ledger.status_counts(study)
+    counts = ledger.status_counts(study, STALE_AFTER_S if stale_after is None else stale_after)
     if not counts:
         out.print("no studies in the ledger yet; run: studyrunner submit FILE")
         return
     table = Table()
     table.add_column("study")
-    for s in (*STATUSES, "total"):
+    columns = (*STATUSES, "stale")
+    for s in (*columns, "total"):
         table.add_column(s, justify="right")
-    styles = {"succeeded": "green", "failed": "red", "running": "cyan", "pending": "yellow"}
+    styles = {
+        "succeeded": "green",
+        "failed": "red",
+        "running": "cyan",
+        "pending": "yellow",
+        "diverged": "magenta",
+        "cancelled": "dim",
+        "stale": "bold red",
+    }
     for name, c in sorted(counts.items()):
-        cells = [f"[{styles[s]}]{c[s]}[/]" if c[s] else "0" for s in STATUSES]
+        cells = [f"[{styles[s]}]{c[s]}[/]" if c[s] else "0" for s in columns]
         table.add_row(Text(name), *cells, str(sum(c.values())))
     out.print(table)
+    _print_failures(ledger, sorted(counts))
+    stale = sum(c["stale"] for c in counts.values())
+    if stale:
+        out.print(f"{stale} trials are stale (their submit died): studyrunner resume STUDY", markup=False)
+
+
+def _print_failures(ledger, studies: list[str], limit: int = 50) -> None:
+    rows = [t for name in studies for t in ledger.trials(name) if t.status in ("failed", "diverged")]
+    if not rows:
+        return
+    table = Table(title="failed and diverged trials")
+    for col in ("trial", "status", "class", "attempts", "first error line"):
+        table.add_column(col, overflow="fold")
+    for t in rows[:limit]:
+        first = ((t.error or "").strip().splitlines() or [""])[0]
+        table.add_row(Text(t.trial_key), t.status, t.failure_class or "", str(t.attempts), Text(first[:200]))
+    out.print(table)
+    if len(rows) > limit:
+        out.print(f"... and {len(rows) - limit} more (studyrunner results STUDY --where ...)", markup=False)
 
 
 class Format(StrEnum):
@@ -277,7 +441,18 @@ class Format(StrEnum):
 @app.command()
 @user_errors
 def results(
-    study: Annotated[str, typer.Argument(help="Study name.", show_default=False)],
+    study: Annotated[
+        list[str] | None,
+        typer.Argument(help="Study names [default: every study in the ledger].", show_default=False),
+    ] = None,
+    where: Annotated[
+        str | None,
+        typer.Option(
+            "--where",
+            help="Keep the trials this holds for, e.g. 'loops >= 4 and eval_accuracy > 0.6' (the grammar of a "
+            "study's failure: rule; names are columns: a metric, seed, model.params.loops or a unique leaf).",
+        ),
+    ] = None,
     format: Annotated[Format, typer.Option("--format", "-f", help="Output format.")] = Format.table,
     out_path: Annotated[
         Path | None, typer.Option("--out", "-o", help="Write to this file instead of stdout (required for parquet).")
@@ -285,15 +460,18 @@ def results(
     db: DbOpt = None,
     workspace: WorkspaceOpt = None,
 ):
-    """One row per trial: identity, status, flattened config and final metrics."""
-    from .results import trials_frame
+    """One row per trial: identity, status, flattened config and final metrics (several studies: one after
+    the other, columns joined)."""
+    from .results import filter_where, studies_frame
     from .store import Ledger
 
     if format is Format.parquet and out_path is None:
         raise StudyrunnerError("--format parquet writes a binary file: add --out PATH.parquet")
     if out_path is not None:
         _check_out_path(out_path)
-    df = trials_frame(Ledger(_workspace(workspace, db).db_url, create=False), study)
+    df = studies_frame(Ledger(_workspace(workspace, db).db_url, create=False), study or [])
+    if where is not None:
+        df = filter_where(df, where, option="--where")
     try:
         if format is Format.parquet:
             df.to_parquet(out_path, index=False)
@@ -342,11 +520,12 @@ def _print_results_table(df, out_path: Path | None = None) -> None:
         for m in ("eval_accuracy", "eval_exact_match", "eval_loss", "train_loss", "params", "step_time_ms")
         if m in df.columns
     ]
+    ids = ["study", "cell", "seed", "status"] if df.study.nunique() > 1 else ["cell", "seed", "status"]
     table = Table()
-    for col in ["cell", "seed", "status", *varied, *metrics]:
+    for col in [*ids, *varied, *metrics]:
         table.add_column(col.rsplit(".", 1)[-1] if col in varied else col)
     for _, row in df.iterrows():
-        table.add_row(*(Text(_cell_text(row[col])) for col in ["cell", "seed", "status", *varied, *metrics]))
+        table.add_row(*(Text(_cell_text(row[col])) for col in [*ids, *varied, *metrics]))
     failures = [
         Text.assemble((row.trial_key, "red"), ": ", str(row.error).splitlines()[0] if row.error else "?")
         for _, row in df[df.status == "failed"].iterrows()
@@ -400,6 +579,7 @@ def analyze(
     from .analysis.summary import analyze as run_analysis
 
     loaded = analysis_data.load(study, db=db, workspace=workspace, storage=storage)
+    _warn(loaded.warnings)
     result = run_analysis(loaded, metric=metric, by=by, threshold=threshold)
     if format is AnalysisFormat.json:
         write_json(result.to_dict())
@@ -426,6 +606,7 @@ def verify(
     from .analysis.present import verdicts_table, write_json
 
     loaded = analysis_data.load(study, db=db, workspace=workspace, storage=storage)
+    _warn(loaded.warnings)
     if not loaded.claims:
         raise StudyrunnerError(f"study {loaded.name!r} declares no claims; add a `claims:` list to its study file")
     verdicts = analysis_claims.verify(loaded)
@@ -467,6 +648,7 @@ def report(
     if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
         raise StudyrunnerError(f"--out: {str(out_dir)!r} is a file; give a folder")
     loaded = analysis_data.load(study, db=db, workspace=workspace, storage=storage)
+    _warn(loaded.warnings)
     ui_base = ui_url or (ws.tracking_uri if ws.tracking_uri.startswith(("http://", "https://")) else None)
     written = write_report(loaded, out_dir or ws.root / "reports", ui=ui_base)
     err.print(f"wrote {written[0]}", markup=False, highlight=False)
@@ -564,6 +746,38 @@ def db_upgrade(db: DbOpt = None, workspace: WorkspaceOpt = None):
     before, after = ledger_schema.upgrade(engine)
     message = "already at" if before == after else f"upgraded from {before} to"
     err.print(f"{url}: {message} revision {after}", markup=False)
+
+
+@app.command("sync-mlflow")
+@user_errors
+def sync_mlflow(
+    study: StudyName,
+    db: DbOpt = None,
+    tracking_uri: TrackingOpt = None,
+    storage: StorageOpt = None,
+    workspace: WorkspaceOpt = None,
+):
+    """Backfill MLflow from the ledger and curves (after MLflow was unreachable mid-study); safe to rerun."""
+    from .orchestrate.mlflow_sync import sync_mlflow as sync
+    from .orchestrate.tracking import Tracker
+    from .store import CurveStore, Ledger
+
+    ws = _workspace(workspace, db, tracking_uri, storage)
+    ledger = Ledger(ws.db_url, create=False)
+    ledger.get_study(study)  # an unknown study fails before MLflow is touched
+    tracker = Tracker(ws.tracking_uri)
+    curves = CurveStore(ws.storage)
+    report = sync(ledger, tracker, curves, study, console=err, artifact_location=ws.artifact_location(study))
+    if not report.changed:
+        out.print(f"{study}: MLflow already has every trial (experiment {report.experiment_id})", markup=False)
+        return
+    out.print(
+        f"{study}: synced {report.trials_synced} trials: {report.runs_created} runs created, "
+        f"{report.runs_continued} continued, {report.cell_runs_created} cell runs created, "
+        f"{report.points_logged} metric points backfilled (experiment {report.experiment_id})",
+        markup=False,
+        highlight=False,
+    )
 
 
 @app.command()

@@ -130,8 +130,8 @@ def test_the_step_is_the_data_position():
 
 def test_a_finished_trial_resumes_at_its_end(tmp_path):
     cfg = config()
-    first = run_trial(cfg, 0, checkpoints=tmp_path)  # checkpoint_every unset: one checkpoint, at the end
-    assert steps_in(tmp_path) == [12]
+    first = run_trial(cfg, 0, checkpoints=tmp_path)
+    assert steps_in(tmp_path) == [11, 12]  # checkpoint_every unset: every max(1, 12 // 10) steps, newest 2
     reporter = MemoryReporter()
     again = run_trial(cfg, 0, reporter, checkpoints=tmp_path)
     assert again == first  # timings included: they are the checkpoint's totals
@@ -218,4 +218,4 @@ def test_format_detects_damage_and_writes_atomically(tmp_path):
     (tmp_path / "a" / "b").mkdir(parents=True)
     (tmp_path / "a" / "b" / ".tmp-dead-step-000000001.ckpt").write_bytes(b"half")  # a writer that died
     run_trial(config(), 0, checkpoints=storage)
-    assert storage.names() == [checkpoint_name(12)]  # no temporary files left behind
+    assert storage.names() == [checkpoint_name(11), checkpoint_name(12)]  # no temporary files left behind

@@ -8,7 +8,7 @@ from conftest import TINY_STUDY
 from mlflow import MlflowClient
 
 from studyrunner import results
-from studyrunner.orchestrate import ensure_ray, submit
+from studyrunner.orchestrate import RerunSelection, RunOptions, ensure_ray, rerun, submit
 from studyrunner.spec import compile_study, loads
 from studyrunner.store import CurveStore, Ledger
 from studyrunner.workspace import Workspace
@@ -127,7 +127,7 @@ def test_a_new_seed_runs_only_the_new_trials(run):
     assert all(k.endswith("-s2") for k in again.succeeded)
 
 
-def test_failed_trials_are_recorded_and_rerun_by_the_next_submit(ray_session, tmp_path, monkeypatch):
+def test_failed_trials_are_recorded_and_run_again_by_rerun_only(ray_session, tmp_path, monkeypatch):
     ws = Workspace.resolve(tmp_path)
     compiled = compile_study(loads(TINY_STUDY.replace("name: tiny", "name: faulty")))
     # Fault injection (the one test double): every seed-1 trial raises inside its Ray worker.
@@ -141,14 +141,26 @@ def test_failed_trials_are_recorded_and_rerun_by_the_next_submit(ray_session, tm
     client = MlflowClient(ws.tracking_uri)
     for r in failed:
         assert client.get_run(r.mlflow_run_id).info.status == "FAILED"
+        (attempt,) = ledger.attempts(r.trial_key)
+        assert attempt.error_class == "error" and attempt.traceback_artifact == "attempts/1/traceback.txt"
+        assert attempt.provenance["host"] and attempt.provenance["torch_version"]
+        text = Path(client.download_artifacts(r.mlflow_run_id, attempt.traceback_artifact)).read_text()
+        assert "InjectedFault" in text and "Traceback" in text
+
+    assert all(r.failure_class == "error" and r.attempts == 1 for r in failed)  # a code error: not retried
 
     monkeypatch.delenv("STUDYRUNNER_INJECT_FAULT")
-    second = submit(compiled, ws, show_progress=False)
-    assert sorted(second.succeeded) == sorted(first.failed)
-    assert sorted(second.skipped) == sorted(first.succeeded)
+    second = submit(compiled, ws, show_progress=False)  # failed trials are `rerun`'s, not a submit's
+    assert second.ran == 0 and sorted(second.held) == sorted(first.failed)
+    third = rerun("faulty", ws, RerunSelection(failed=True), options=RunOptions(show_progress=False))
+    assert sorted(third.succeeded) == sorted(first.failed)
     rows = {r.trial_key: r for r in ledger.trials("faulty")}
     assert all(r.status == "succeeded" and r.error is None for r in rows.values())
     assert all(rows[k].attempts == 2 for k in first.failed)
+    for k in first.failed:  # one trial, one MLflow run, however many attempts
+        assert rows[k].mlflow_run_id == next(r.mlflow_run_id for r in failed if r.trial_key == k)
+        assert client.get_run(rows[k].mlflow_run_id).info.status == "FINISHED"
+        assert [a.status for a in ledger.attempts(k)] == ["failed", "succeeded"]
 
 
 def test_a_study_asking_for_resources_no_node_has_fails_fast(ray_session, tmp_path):
@@ -183,3 +195,46 @@ def test_a_failing_trial_is_one_line_on_the_console(ray_session, tmp_path, monke
         line = next(li for li in shown.splitlines() if li.startswith(f"failed {key}: "))
         assert line.endswith(f"InjectedFault: injected fault in {key} (STUDYRUNNER_INJECT_FAULT)")
     assert "Traceback" not in shown + captured.out + captured.err
+
+
+def test_seeds_trained_together_are_still_one_trial_each(ray_session, tmp_path):
+    """`train.vectorize_seeds`: a cell's seeds train in one Ray trial; each seed keeps its own ledger row,
+    attempt, MLflow run and curve, with the metrics its separate run gives (float tolerance)."""
+    from studyrunner.train import run_trial
+
+    ws = Workspace.resolve(tmp_path)
+    text = TINY_STUDY.replace("name: tiny", "name: together").replace(
+        "grad_clip: 1.0,", "grad_clip: 1.0, vectorize_seeds: true,"
+    )
+    compiled = compile_study(loads(text))
+    result = submit(compiled, ws, show_progress=False)
+    assert sorted(result.succeeded) == sorted(t.trial_key for t in compiled.trials)
+    ledger = Ledger(ws.db_url)
+    runs = {r.trial_key: r for r in ledger.trials("together")}
+    client = MlflowClient(ws.tracking_uri)
+    for t in compiled.trials:
+        row = runs[t.trial_key]
+        assert row.attempts == 1 and len(ledger.attempts(t.trial_key)) == 1
+        separate = run_trial(t.config, t.seed)
+        assert row.metrics["train_loss"] == pytest.approx(separate["train_loss"], rel=1e-4)
+        assert row.metrics["eval_accuracy"] == pytest.approx(separate["eval_accuracy"], abs=1 / 32 + 1e-9)
+        assert client.get_run(row.mlflow_run_id).data.tags["trial_key"] == t.trial_key
+        assert list(CurveStore(ws.storage).read("together", t.trial_key).dropna(subset=["train_loss"]).step) == [
+            4,
+            8,
+            12,
+        ]
+    # Two Ray trials (one per cell), not four.
+    assert len({a.ray_trial_id for t in compiled.trials for a in ledger.attempts(t.trial_key)}) == 2
+
+
+def test_seeds_together_is_refused_for_halting_families_at_validate():
+    from studyrunner.errors import SpecError
+
+    text = (
+        TINY_STUDY.replace("family: looped", "family: ut_act")
+        .replace("block_layers: 1, ", "")
+        .replace("grad_clip: 1.0,", "grad_clip: 1.0, vectorize_seeds: true,")
+    )
+    with pytest.raises(SpecError, match=r"train.vectorize_seeds.*halting family"):
+        compile_study(loads(text))

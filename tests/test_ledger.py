@@ -65,7 +65,7 @@ def ledger(request, tmp_path):
         conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
 
 
-def test_register_is_idempotent_and_skips_only_succeeded(ledger):
+def test_register_is_idempotent_and_leaves_failed_trials_to_rerun(ledger):
     compiled = compile_study(loads(TINY_STUDY))
     keys = [t.trial_key for t in compiled.trials]
     first = ledger.register(compiled)
@@ -77,16 +77,75 @@ def test_register_is_idempotent_and_skips_only_succeeded(ledger):
     ledger.mark_succeeded(keys[0], {"eval_accuracy": 0.75, "params": 1234.0})
     ledger.mark_running(keys[1])
     ledger.mark_failed(keys[1], "ValueError: boom\ntraceback...")
-    ledger.mark_running(keys[2])  # left running by a crashed driver
+    ledger.mark_running(keys[2])  # left running by a crashed driver (no lease holder: stale)
 
     third = ledger.register(compiled)
     assert third.skipped == [keys[0]]
-    assert sorted(third.to_run) == sorted(keys[1:])
+    assert third.to_run == [keys[3]]  # failed -> `rerun --failed`; running-without-holder -> `resume`
+    assert sorted(third.held) == sorted(keys[1:3])
     rows = {r.trial_key: r for r in ledger.trials("tiny")}
     assert rows[keys[0]].status == "succeeded" and rows[keys[0]].metrics == {"eval_accuracy": 0.75, "params": 1234.0}
     assert rows[keys[0]].mlflow_run_id == "r0" and rows[keys[0]].attempts == 1
-    assert rows[keys[1]].status == "pending" and rows[keys[1]].error.startswith("ValueError")
-    assert rows[keys[2]].status == "pending"
+    assert rows[keys[1]].status == "failed" and rows[keys[1]].error.startswith("ValueError")
+    assert rows[keys[1]].failure_class == "error"
+    assert ledger.stale_keys("tiny", stale_after=60) == {keys[2]}
+    attempts = ledger.attempts(keys[1])
+    assert [(a.number, a.status, a.error_class, a.message) for a in attempts] == [
+        (1, "failed", "error", "ValueError: boom")
+    ]
+
+
+def test_leases_give_each_trial_to_one_submission(ledger):
+    compiled = compile_study(loads(TINY_STUDY))
+    keys = [t.trial_key for t in compiled.trials]
+    ledger.register(compiled)
+    a = ledger.open_submission("tiny", "submit")
+    b = ledger.open_submission("tiny", "submit")
+    assert sorted(ledger.claim("tiny", keys, a)) == sorted(keys)
+    assert ledger.claim("tiny", keys, b) == []  # a is alive: b gets nothing
+    ledger.start_attempt(keys[0], a, run_id="r0")
+    ledger.finish(keys[0], "succeeded", metrics={"eval_accuracy": 1.0})
+    ledger.start_attempt(keys[1], a)
+    assert sorted(ledger.release(a)) == sorted(keys[1:])  # a stops (Ctrl-C): unfinished back to pending
+    rows = {r.trial_key: r for r in ledger.trials("tiny")}
+    assert rows[keys[1]].status == "pending" and rows[keys[1]].failure_class == "interrupted"
+    assert all(r.owner is None for r in rows.values())
+    assert [x.status for x in ledger.attempts(keys[1])] == ["interrupted"]
+    assert sorted(ledger.claim("tiny", keys, b)) == sorted(keys[1:])  # succeeded trials are never claimed
+
+
+def test_a_silent_submission_loses_its_leases(ledger):
+    compiled = compile_study(loads(TINY_STUDY))
+    keys = [t.trial_key for t in compiled.trials]
+    ledger.register(compiled)
+    a = ledger.open_submission("tiny", "submit")
+    ledger.claim("tiny", keys, a)
+    ledger.start_attempt(keys[0], a)
+    b = ledger.open_submission("tiny", "resume")
+    assert ledger.claim("tiny", keys, b, stale_after=60) == []
+    assert ledger.stale_keys("tiny", stale_after=60) == set()
+    import time
+
+    time.sleep(0.3)
+    ledger.heartbeat(b)
+    assert ledger.stale_keys("tiny", stale_after=0.2) == set(keys)  # a went silent
+    counts = ledger.status_counts("tiny", stale_after=0.2)["tiny"]
+    assert counts["stale"] == 4 and counts["running"] == 0 and counts["pending"] == 0
+    assert sorted(ledger.claim("tiny", keys, b, stale_after=0.2)) == sorted(keys)
+
+
+def test_cancel_marks_unheld_pending_trials(ledger):
+    compiled = compile_study(loads(TINY_STUDY))
+    keys = [t.trial_key for t in compiled.trials]
+    ledger.register(compiled)
+    a = ledger.open_submission("tiny", "submit")
+    ledger.claim("tiny", keys[:2], a)
+    asked, cancelled = ledger.request_cancel("tiny")
+    assert (asked, cancelled) == (1, 2)
+    assert ledger.heartbeat(a) is True  # the holder learns it was asked to stop
+    assert sorted(ledger.release(a, cancelled=True)) == sorted(keys[:2])
+    assert {r.status for r in ledger.trials("tiny")} == {"cancelled"}
+    assert sorted(ledger.register(compiled).to_run) == sorted(keys)  # a later submit runs them
 
 
 def test_status_counts_and_results_frame(ledger):
@@ -187,8 +246,9 @@ def empty_url(request, tmp_path):
 
     engine = create_engine(url)
     with engine.begin() as conn:
-        for table in ("trials", "cells", "studies", "alembic_version"):
+        for table in ("trial_metrics", "cell_params", "attempts", "submissions", "trials", "cells", "studies"):
             conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
+        conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
     engine.dispose()
 
 
@@ -200,18 +260,18 @@ def test_an_older_ledger_is_refused_until_db_upgrade_which_keeps_its_rows(empty_
 
     _first_release_ledger(empty_url)
     for create in (True, False):  # submit and status alike say what to run
-        with pytest.raises(StudyrunnerError, match=r"revision 0001, this studyrunner needs 0002.*db upgrade"):
+        with pytest.raises(StudyrunnerError, match=r"revision 0001, this studyrunner needs 0003.*db upgrade"):
             Ledger(empty_url, create=create)
     runner = CliRunner()
     assert "revision 0001" in runner.invoke(app, ["db", "current", "--db", empty_url]).output
     result = runner.invoke(app, ["db", "upgrade", "--db", empty_url])
-    assert result.exit_code == 0 and "upgraded from 0001 to revision 0002" in result.output
+    assert result.exit_code == 0 and "upgraded from 0001 to revision 0003" in result.output
     ledger = Ledger(empty_url)
     (row,) = ledger.trials("old")
     assert row.status == "succeeded" and row.metrics == {"eval_accuracy": 0.5}
     ledger.register(compile_study(loads(TINY_STUDY.replace("seeds: [0, 1]", "baselines: [iso_flop]\nseeds: [0]"))))
     assert any(c.baseline_of for c in ledger.cells("tiny"))
-    assert "already at revision 0002" in runner.invoke(app, ["db", "upgrade", "--db", empty_url]).output
+    assert "already at revision 0003" in runner.invoke(app, ["db", "upgrade", "--db", empty_url]).output
 
 
 def test_migrating_from_nothing_gives_exactly_the_declared_tables(empty_url):
@@ -229,3 +289,30 @@ def test_migrating_from_nothing_gives_exactly_the_declared_tables(empty_url):
     assert diff == []
     assert schema.current(engine) == schema.head()
     engine.dispose()
+
+
+def test_analysis_warns_when_one_cell_mixes_code_versions(tmp_path):
+    from sqlalchemy import update
+
+    from studyrunner.analysis.data import load
+    from studyrunner.store.db import AttemptRow
+
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    compiled = compile_study(loads(TINY_STUDY))
+    ledger.register(compiled)
+    for t in compiled.trials:
+        ledger.start_attempt(t.trial_key)
+        ledger.note_attempt(
+            t.trial_key, provenance={"git_sha": "a" * 40, "git_dirty": "false", "studyrunner_version": "0.1"}
+        )
+        ledger.finish(t.trial_key, "succeeded", metrics={"eval_accuracy": 0.5, "effective_depth": 1.0})
+    assert load("tiny", workspace=tmp_path).warnings == []
+    odd = compiled.trials[1]  # cell loops=1, seed 1 ran from a dirty tree
+    with ledger.session() as s, s.begin():
+        s.execute(
+            update(AttemptRow)
+            .where(AttemptRow.trial_key == odd.trial_key)
+            .values(provenance={"git_sha": "b" * 40, "git_dirty": "true", "studyrunner_version": "0.1"})
+        )
+    (line,) = load("tiny", workspace=tmp_path).warnings
+    assert odd.cell_hash in line and "aaaaaaaaaa v0.1 (1 seeds)" in line and "bbbbbbbbbb (dirty) v0.1 (1 seeds)" in line

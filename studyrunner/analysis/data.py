@@ -44,6 +44,7 @@ class StudyData:
     source: str = ""
     curve_store: CurveStore | None = None
     cells_order: list[str] = field(default_factory=list)  # cell_hash in study order
+    warnings: list[str] = field(default_factory=list)  # e.g. a cell whose seeds ran different code
 
     # --- derived views ----------------------------------------------------------------------------
 
@@ -225,7 +226,32 @@ def load(
         source=str(path) if path.is_file() else f"ledger {ws.db_url}",
         curve_store=CurveStore(ws.storage),
         cells_order=order,
+        warnings=mixed_code_versions(trials, ledger.provenance(name)),
     )
+
+
+def _code_version(provenance: dict[str, Any]) -> str:
+    sha = str(provenance.get("git_sha", "unknown"))[:10]
+    dirty = " (dirty)" if str(provenance.get("git_dirty", "")).lower() in ("true", "1", "yes") else ""
+    return f"{sha}{dirty} v{provenance.get('studyrunner_version', '?')}"
+
+
+def mixed_code_versions(trials: pd.DataFrame, provenance: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per cell whose finished seeds ran different code (git sha, dirty tree or package
+    version): their spread may be the code's, not the seeds'."""
+    lines = []
+    done = trials[trials.status.isin(DONE)]
+    for cell_hash, group in done.groupby("cell_hash", sort=False):
+        versions: dict[str, int] = {}
+        for key in group.trial_key:
+            if key in provenance:
+                version = _code_version(provenance[key])
+                versions[version] = versions.get(version, 0) + 1
+        if len(versions) > 1:
+            label = group.cell.iloc[0] if "cell" in group else cell_hash
+            shown = ", ".join(f"{v} ({n} seeds)" for v, n in sorted(versions.items(), key=lambda kv: -kv[1]))
+            lines.append(f"cell {label} [{cell_hash}] mixes code versions: {shown}")
+    return lines
 
 
 def _spec_from_text(text: str, name: str):

@@ -185,6 +185,11 @@ class Attention(nn.Module):
         # Diagnostics hook: called with the (B, H, T, D) queries and keys when set (evaluation only;
         # the fused kernel does not return attention weights, so a probe recomputes what it needs).
         self.probe: Callable[[torch.Tensor, torch.Tensor, bool], None] | None = None
+        # Seeds trained together (train/vectorized.py) run the model under torch.func.vmap, where the
+        # fused CPU kernel has no batching rule (a slow per-example fallback): there `explicit` is set
+        # and attention is written out as matmuls and a softmax (`explicit_attention`). Off (the
+        # default) everywhere else, so every other path computes exactly what it did.
+        self.explicit = False
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         b, t, d = x.shape
@@ -196,6 +201,10 @@ class Attention(nn.Module):
             q, k, v = qkv.unbind(2)
         if self.probe is not None:
             self.probe(q.transpose(1, 2), k.transpose(1, 2), self.causal)
+        if self.explicit:
+            dropout = self.dropout if self.training else 0.0
+            y = explicit_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.causal, dropout)
+            return self.proj(y.transpose(1, 2).reshape(b, t, d))
         # Strided (B, H, T, D) views, no copies: the CPU flash kernel takes them as they are.
         y = F.scaled_dot_product_attention(
             q.transpose(1, 2),
@@ -205,6 +214,21 @@ class Attention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
         )
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+def explicit_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dropout: float = 0.0
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D) + causal mask) v on (B, H, T, D) tensors: what
+    `scaled_dot_product_attention` computes (up to float rounding), in ops torch.func.vmap batches."""
+    scores = torch.matmul(q * (1.0 / math.sqrt(q.shape[-1])), k.transpose(-2, -1))
+    if causal:
+        t = q.shape[-2]
+        scores = scores.masked_fill_(torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    weights = scores.softmax(-1)
+    if dropout:
+        weights = F.dropout(weights, dropout)
+    return torch.matmul(weights, v)
 
 
 class MLP(nn.Module):

@@ -1,5 +1,6 @@
 """Run compiled studies on Ray Tune; record them in the ledger, MLflow and Parquet."""
 
-from .runner import SubmitResult, ensure_ray, submit
+from .runner import RunOptions, SubmitResult, cancel, ensure_ray, rerun, resume, submit
+from .selection import RerunSelection
 
-__all__ = ["SubmitResult", "ensure_ray", "submit"]
+__all__ = ["RerunSelection", "RunOptions", "SubmitResult", "cancel", "ensure_ray", "rerun", "resume", "submit"]

@@ -1,6 +1,6 @@
 """Base for callbacks that live only in the submitting process."""
 
-from ray.tune import Callback
+from ray.tune import Callback, Stopper
 
 
 class DriverCallback(Callback):
@@ -13,3 +13,19 @@ class DriverCallback(Callback):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+
+
+class CancelStopper(Stopper):
+    """Stops the whole Tune run when `event` is set (`studyrunner cancel` from another terminal)."""
+
+    def __init__(self, event) -> None:
+        self.event = event
+
+    def __call__(self, trial_id, result) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return self.event is not None and self.event.is_set()
+
+    def __getstate__(self) -> dict:  # pickled with the run config, like the callbacks
+        return {"event": None}

@@ -24,7 +24,8 @@ class ProgressDisplay(DriverCallback):
         self.steps_by_key = steps_by_key
         self.done_steps: dict[str, int] = {}
         self.running: set[str] = set()
-        self.succeeded = self.failed = 0
+        self.finished: set[str] = set()
+        self.succeeded = self.failed = self.diverged = 0
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -43,7 +44,9 @@ class ProgressDisplay(DriverCallback):
         total = len(self.steps_by_key)
         return (
             f"[green]{self.succeeded} done[/] [cyan]{len(self.running)} running[/] "
-            f"[red]{self.failed} failed[/] of {total} trials"
+            f"[red]{self.failed} failed[/]"
+            + (f" [magenta]{self.diverged} diverged[/]" if self.diverged else "")
+            + f" of {total} trials"
         )
 
     def _refresh(self) -> None:
@@ -58,33 +61,59 @@ class ProgressDisplay(DriverCallback):
         self.progress.stop()
 
     @staticmethod
-    def _key(trial) -> str:
-        return trial.config["trial"]["trial_key"]
+    def _keys(trial) -> list[str]:
+        payload = trial.config["trial"]
+        return [m["trial_key"] for m in payload["group"]] if "group" in payload else [payload["trial_key"]]
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        self.running.add(self._key(trial))
+        self.running.update(k for k in self._keys(trial) if k not in self.finished)
         self._refresh()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        self.done_steps[self._key(trial)] = int(result.get("step", 0))
+        key = result.get("trial_key") or self._keys(trial)[0]
+        if result.get("final"):
+            self._complete(key, result)
+        elif "step" in result:
+            self.done_steps[key] = int(result["step"])
         self._refresh()
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        self.done_steps[self._key(trial)] = 0
-        self._refresh()
+        first = _error_text(trial).splitlines()[0]
+        for key in self._keys(trial):
+            if key not in self.finished:
+                self._say("retrying ", "yellow", key, f"{first} (resuming from its last checkpoint)")
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        key = self._key(trial)
+        self.running.difference_update(self._keys(trial))  # finals were counted as they came
+        self._refresh()
+
+    def _complete(self, key: str, result: dict) -> None:
         self.running.discard(key)
+        self.finished.add(key)
         self.done_steps[key] = self.steps_by_key[key]
-        self.succeeded += 1
+        outcome = result.get("outcome", "succeeded")
+        if outcome == "succeeded":
+            self.succeeded += 1
+        elif outcome == "diverged":
+            self.diverged += 1
+            self._say("diverged ", "magenta", key, str(result.get("reason", "")))
+        else:
+            self.failed += 1
+            self._say("failed ", "red", key, f"{result.get('error_type', 'Error')}: {result.get('message', '')}")
         self._refresh()
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        key = self._key(trial)
-        self.running.discard(key)
-        self.done_steps[key] = self.steps_by_key[key]  # nothing more will run for it
-        self.failed += 1
         first = _error_text(trial).splitlines()[0]
-        self.progress.console.print(Text.assemble(("failed ", "red"), key, ": ", first), highlight=False)
+        for key in self._keys(trial):
+            if key in self.finished:
+                continue
+            self.running.discard(key)
+            self.finished.add(key)
+            self.done_steps[key] = self.steps_by_key[key]  # nothing more will run for it
+            self.failed += 1
+            self._say("failed ", "red", key, first)
         self._refresh()
+
+    def _say(self, what: str, style: str, key: str, message: str) -> None:
+        first = (message.strip().splitlines() or [""])[0]
+        self.progress.console.print(Text.assemble((what, style), key, ": ", first), highlight=False)

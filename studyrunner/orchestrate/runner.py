@@ -1,4 +1,9 @@
-"""`submit`: register a compiled study in the ledger and run its pending trials on Ray Tune."""
+"""`submit`, `resume`, `rerun` and `cancel`: which trials a command runs, and running them on Ray Tune.
+
+Each command is a short narrative: open the stores, decide the candidate trials, then `_run`: take the
+ledger lease on the candidates no other live process holds (so two submits never run one trial), run
+them, and release whatever did not finish, even after a second Ctrl-C.
+"""
 
 from __future__ import annotations
 
@@ -13,14 +18,22 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from ..errors import StudyrunnerError
 from ..spec import CompiledStudy
-from ..store import CurveStore, Ledger
+from ..spec.extension import changed_fields
+from ..store import STATUSES, CurveStore, Ledger
+from ..store.ledger import STALE_AFTER_S, SUBMIT_RUNS
 from ..workspace import Workspace
 from .capacity import check_cluster_fits, trial_resources
+from .driver_callback import CancelStopper
+from .faults import injections_for
 from .progress import ProgressDisplay
 from .recorder import Recorder
+from .selection import RerunSelection
+from .signals import interrupts_deferred, sigterm_as_ctrl_c
+from .submission import HEARTBEAT_S, Submission, reap_dead
 from .tracking import Tracker
 
 
@@ -28,15 +41,19 @@ from .tracking import Tracker
 class SubmitResult:
     study: str
     trials: int
-    skipped: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # succeeded before
+    held: list[str] = field(default_factory=list)  # failed or diverged before: `rerun` runs them
+    busy: list[str] = field(default_factory=list)  # being run by another live submit
     succeeded: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
-    interrupted: list[str] = field(default_factory=list)
+    diverged: list[str] = field(default_factory=list)
+    interrupted: list[str] = field(default_factory=list)  # back to pending: resume runs them
+    cancelled: list[str] = field(default_factory=list)
     wall_time_s: float = 0.0
 
     @property
     def ran(self) -> int:
-        return len(self.succeeded) + len(self.failed)
+        return len(self.succeeded) + len(self.failed) + len(self.diverged)
 
 
 def _quiet_ray_env() -> None:
@@ -99,76 +116,223 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    address: str | None = None
+    max_concurrent: int | None = None
+    max_failures: int | None = None  # None: the study file's `retries:`
+    show_progress: bool = True
+    stale_after: float = STALE_AFTER_S
+
+
 def submit(
     compiled: CompiledStudy,
     workspace: Workspace,
     *,
-    address: str | None = None,
-    max_concurrent: int | None = None,
-    max_failures: int = 0,
+    options: RunOptions | None = None,
     console: Console | None = None,
-    show_progress: bool = True,
+    **option_fields,
 ) -> SubmitResult:
+    """Register the study file and run its new, pending, cancelled and interrupted trials.
+
+    Failed and diverged trials are left to `rerun`. An edit that changes what cells that already ran
+    mean is refused (spec/extension.py)."""
     console = console or Console(stderr=True)
-    study = compiled.study
+    options = options or RunOptions(**option_fields)
+    ledger, tracker = _open_stores(workspace)
+    _refuse_changed_meaning(ledger, compiled)
+    reg = ledger.register(compiled)
+    held = [r.trial_key for r in ledger.trials_by_key(reg.held) if r.status in ("failed", "diverged")]
+    result = SubmitResult(compiled.study.name, len(compiled.trials), skipped=reg.skipped, held=held)
+    _say_plan(console, compiled, reg.skipped, held)
+    stale = sorted(ledger.stale_keys(compiled.study.name, (options or RunOptions()).stale_after))
+    return _run(compiled, workspace, ledger, tracker, reg.to_run + stale, "submit", result, options, console)
+
+
+def resume(
+    study: str, workspace: Workspace, *, options: RunOptions | None = None, console: Console | None = None
+) -> SubmitResult:
+    """Finish a study after its driver died or was stopped: pending, cancelled and stale trials run;
+    nothing that succeeded runs again."""
+    console = console or Console(stderr=True)
+    ledger, tracker = _open_stores(workspace, create=False)
+    compiled = stored_study(ledger, study)
+    reg = ledger.register(compiled)
+    result = SubmitResult(study, len(compiled.trials), skipped=reg.skipped)
+    stale = sorted(ledger.stale_keys(study, (options or RunOptions()).stale_after))
+    return _run(compiled, workspace, ledger, tracker, reg.to_run + stale, "resume", result, options, console)
+
+
+def rerun(
+    study: str,
+    workspace: Workspace,
+    select: RerunSelection,
+    *,
+    options: RunOptions | None = None,
+    console: Console | None = None,
+) -> SubmitResult:
+    """Run exactly the chosen trials again, as new attempts of the same trials (and MLflow runs)."""
+    console = console or Console(stderr=True)
+    ledger, tracker = _open_stores(workspace, create=False)
+    compiled = stored_study(ledger, study)
+    ledger.register(compiled)
+    keys = select.keys(ledger, compiled, (options or RunOptions()).stale_after)
+    result = SubmitResult(study, len(compiled.trials))
+    console.print(f"[bold]{escape(study)}[/]: rerunning {len(keys)} trials ({select.describe()})")
+    if select.fresh:
+        for key in keys:
+            delete_checkpoints(checkpoint_location(workspace, study, key))
+    return _run(compiled, workspace, ledger, tracker, keys, "rerun", result, options, console, statuses=STATUSES)
+
+
+def cancel(study: str, workspace: Workspace) -> tuple[int, int]:
+    """Ask the study's running submits to stop; pending trials nobody runs become cancelled now."""
+    ledger = Ledger(workspace.db_url, create=False)
+    ledger.get_study(study)
+    reap_dead(ledger, study)
+    return ledger.request_cancel(study)
+
+
+# ---------------------------------------------------------------------------------------- steps
+
+
+def _open_stores(workspace: Workspace, create: bool = True) -> tuple[Ledger, Tracker]:
     # Every location is checked before anything is written, so a bad one leaves no trace.
     workspace.check_storage()
     workspace.ensure()
-    ledger = Ledger(workspace.db_url)
-    tracker = Tracker(workspace.tracking_uri)
+    return Ledger(workspace.db_url, create=create), Tracker(workspace.tracking_uri)
 
-    reg = ledger.register(compiled)
-    result = SubmitResult(study.name, len(compiled.trials), skipped=reg.skipped)
+
+def stored_study(ledger: Ledger, name: str) -> CompiledStudy:
+    """The study as last submitted (the ledger keeps its file), compiled again."""
+    from ..spec import compile_study, loads
+
+    row = ledger.get_study(name)
+    return compile_study(loads(row.spec_text, source=f"<study {name} as last submitted>"))
+
+
+def _refuse_changed_meaning(ledger: Ledger, compiled: CompiledStudy) -> None:
+    name = compiled.study.name
+    if not any(s.name == name for s in ledger.studies()):
+        return
+    ran = {t.cell_hash for t in ledger.trials(name) if t.attempts > 0 or t.status == "succeeded"}
+    configs = {c.cell_hash: c.config for c in ledger.cells(name) if c.cell_hash in ran}
+    changed = changed_fields(configs, compiled)
+    if changed:
+        raise StudyrunnerError(
+            f"{compiled.study.source}: this edit changes cells of study {name!r} that already ran "
+            f"({', '.join(changed)}); their results would no longer belong to the study. Submit the edited "
+            f"file as a new study: studyrunner submit {compiled.study.source} --as-new-study NAME"
+        )
+
+
+def _say_plan(console: Console, compiled: CompiledStudy, skipped: list[str], held: list[str]) -> None:
+    study = compiled.study
     console.print(
         f"[bold]{escape(study.name)}[/]: {len(compiled.cells)} cells x {len(study.seeds)} seeds = "
-        f"{len(compiled.trials)} trials; {len(reg.skipped)} already succeeded (skipped), "
-        f"{len(reg.to_run)} to run"
+        f"{len(compiled.trials)} trials; {len(skipped)} already succeeded (skipped)"
+        + (f", {len(held)} failed or diverged (rerun with: studyrunner rerun {study.name} --failed)" if held else "")
     )
-    if not reg.to_run:
+
+
+def _run(
+    compiled: CompiledStudy,
+    workspace: Workspace,
+    ledger: Ledger,
+    tracker: Tracker,
+    candidates: list[str],
+    command: str,
+    result: SubmitResult,
+    options: RunOptions | None,
+    console: Console,
+    statuses: tuple[str, ...] = SUBMIT_RUNS,
+) -> SubmitResult:
+    """Claim the candidates this process may run, run them on Ray Tune, release what did not finish."""
+    options = options or RunOptions()
+    study = compiled.study
+    reap_dead(ledger, study.name)  # a killed driver's trials and local Ray first
+    submission = Submission(ledger, study.name, command)
+    claimed = set(ledger.claim(study.name, sorted(set(candidates)), submission.id, statuses, options.stale_after))
+    result.busy = sorted(k for k in set(candidates) - claimed if k not in result.skipped)
+    to_run = [t for t in compiled.trials if t.trial_key in claimed]
+    if result.busy:
+        console.print(f"{len(result.busy)} trials are being run by another submit of {escape(study.name)}; left to it")
+    console.print(f"{len(to_run)} to run")
+    if not to_run:
+        submission.close()
         return result
-    pending = set(reg.to_run)
-    to_run = [t for t in compiled.trials if t.trial_key in pending]
-
-    started_ray = ensure_ray(address)
+    recorder, started_ray = None, False
     try:
-        check_cluster_fits(study.resources)
-        experiment_id, parent_runs = _open_tracking(compiled, to_run, ledger, tracker, workspace)
-        started = time.perf_counter()
-        recorder = Recorder(compiled, ledger, tracker, CurveStore(workspace.storage), experiment_id, parent_runs)
-        _fit(
-            study,
-            to_run,
-            recorder,
-            workspace.ray_storage(),
-            max_concurrent=max_concurrent,
-            max_failures=max_failures,
-            console=console,
-            show_progress=show_progress,
-        )
-        result.wall_time_s = time.perf_counter() - started
+        with sigterm_as_ctrl_c(), submission:
+            started_ray = ensure_ray(options.address)
+            if started_ray:
+                ledger.set_ray_session(submission.id, _ray_session_dir())
+            check_cluster_fits(study.resources)
+            experiment_id, parent_runs = _open_tracking(compiled, to_run, ledger, tracker, workspace)
+            started = time.perf_counter()
+            recorder = Recorder(
+                compiled,
+                ledger,
+                tracker,
+                CurveStore(workspace.storage),
+                experiment_id,
+                parent_runs,
+                submission.id,
+                warn=lambda line: console.print(Text.assemble(("warning: ", "yellow"), line), highlight=False),
+            )
+            _fit(study, to_run, recorder, workspace, options, submission.cancelled, console)
+            result.wall_time_s = time.perf_counter() - started
     finally:
-        if started_ray:
-            import ray
+        with interrupts_deferred():  # a second Ctrl-C must not leave trials `running`
+            if recorder is not None:
+                recorder.abandon(cancelled=submission.cancelled.is_set())
+            submission.close()
+            if started_ray:
+                import ray
 
-            ray.shutdown()
-
-    for row in ledger.trials(study.name, [t.trial_key for t in to_run]):
-        {"succeeded": result.succeeded, "failed": result.failed}.get(row.status, result.interrupted).append(
-            row.trial_key
+                ray.shutdown()
+    if recorder is not None and recorder.dirty:
+        console.print(
+            f"MLflow missed records of {len(recorder.dirty)} trials (the ledger has them): "
+            f"studyrunner sync-mlflow {study.name}",
+            markup=False,
         )
-    if result.interrupted:  # the driver stopped first (Ctrl-C): they are not failures, so run them next time
-        ledger.reset_to_pending(result.interrupted)
+    for row in ledger.trials(study.name, [t.trial_key for t in to_run]):
+        bucket = {
+            "succeeded": result.succeeded,
+            "failed": result.failed,
+            "diverged": result.diverged,
+            "cancelled": result.cancelled,
+        }.get(row.status, result.interrupted)
+        bucket.append(row.trial_key)
     return result
+
+
+def _ray_session_dir() -> str | None:
+    try:
+        import ray._private.worker as worker
+
+        return worker.global_worker.node.get_session_dir_path()
+    except Exception:  # noqa: BLE001 - a private API; without it a crash leaves Ray to the user
+        return None
 
 
 def _open_tracking(compiled, to_run, ledger: Ledger, tracker: Tracker, workspace: Workspace):
     """The study's MLflow experiment and a parent run per cell that has trials to run."""
     study = compiled.study
-    try:
-        experiment_id = tracker.experiment(study.name, workspace.artifact_location(study.name), study.description)
-    except Exception as exc:  # noqa: BLE001 - MLflow surfaces store errors under many types
-        first = str(exc).strip().splitlines()[0]
-        raise StudyrunnerError(f"cannot use MLflow tracking store {workspace.tracking_uri!r}: {first}") from None
+    for attempt in range(4):
+        try:
+            experiment_id = tracker.experiment(study.name, workspace.artifact_location(study.name), study.description)
+            break
+        except Exception as exc:  # noqa: BLE001 - MLflow surfaces store errors under many types
+            # Two submits on a fresh workspace race to create MLflow's tables (or the experiment): the
+            # loser finds them a moment later.
+            if attempt == 3:
+                first = str(exc).strip().splitlines()[0]
+                raise StudyrunnerError(
+                    f"cannot use MLflow tracking store {workspace.tracking_uri!r}: {first}"
+                ) from None
+            time.sleep(0.5 * (attempt + 1))
     ledger.set_experiment(study.name, experiment_id)
     known_parents = {c.cell_hash: c.mlflow_run_id for c in ledger.cells(study.name)}
     parent_runs: dict[str, str] = {}
@@ -181,51 +345,88 @@ def _open_tracking(compiled, to_run, ledger: Ledger, tracker: Tracker, workspace
     return experiment_id, parent_runs
 
 
-def _fit(
-    study, to_run, recorder: Recorder, storage_path: str, *, max_concurrent, max_failures, console, show_progress
-) -> None:
+def checkpoint_location(workspace: Workspace, study: str, trial_key: str) -> str:
+    """Where a trial's checkpoints live: under the study's storage, so any node can resume it."""
+    return f"{workspace.storage.rstrip('/')}/checkpoints/{study}/{trial_key}"
+
+
+def delete_checkpoints(location: str) -> None:
+    from ..train.checkpoint import open_storage
+
+    storage = open_storage(location)
+    for name in storage.names():
+        storage.delete(name)
+
+
+def _payloads(study, to_run, workspace: Workspace) -> list[dict]:
+    """What each Tune trial's worker gets: the resolved config, seed and the knobs of how it runs; a
+    cell with `train.vectorize_seeds` sends its seeds as one group (one process trains them together)."""
+    faults = [p for p in os.environ.get("STUDYRUNNER_INJECT_FAULT", "").split(",") if p]
+    single = [
+        {
+            "trial_key": t.trial_key,
+            "seed": t.seed,
+            "cell": t.config,
+            "threads": study.resources.cpu,
+            "checkpoint_dir": checkpoint_location(workspace, study.name, t.trial_key),
+            "divergence": study.divergence,
+            "heartbeat_s": HEARTBEAT_S,
+            "inject_fault": any(fnmatch.fnmatchcase(t.trial_key, p) for p in faults),
+            "inject": injections_for(t.trial_key),
+        }
+        for t in to_run
+    ]
+    payloads, groups = [], {}
+    for trial, payload in zip(to_run, single, strict=True):
+        if trial.config["train"].get("vectorize_seeds") and not payload["inject_fault"]:
+            groups.setdefault(trial.cell_hash, []).append(payload)
+        else:
+            payloads.append(payload)
+    for cell_hash, members in groups.items():
+        if len(members) == 1:
+            payloads.append(members[0])
+            continue
+        payloads.append(
+            {
+                **{k: members[0][k] for k in ("cell", "threads", "divergence", "heartbeat_s")},
+                "trial_key": f"{study.name}-{cell_hash}-x{len(members)}",
+                "group": members,
+            }
+        )
+    return payloads
+
+
+def _fit(study, to_run, recorder: Recorder, workspace: Workspace, options: RunOptions, cancel, console) -> None:
     """One Tune run over `to_run`: a trial per trial_key, recorded on the driver by `recorder`."""
     from ray import tune
 
     from .trainable import trainable
 
     progress = ProgressDisplay({t.trial_key: t.config["train"]["steps"] for t in to_run}, console=console)
-    callbacks = [recorder, progress] if show_progress else [recorder]
-    faults = [p for p in os.environ.get("STUDYRUNNER_INJECT_FAULT", "").split(",") if p]
-    payloads = [
-        {
-            "trial_key": t.trial_key,
-            "seed": t.seed,
-            "cell": t.config,
-            "threads": study.resources.cpu,
-            "inject_fault": any(fnmatch.fnmatchcase(t.trial_key, p) for p in faults),
-        }
-        for t in to_run
-    ]
+    callbacks = [recorder, progress] if options.show_progress else [recorder]
+    retries = study.retries if options.max_failures is None else options.max_failures
     tuner = tune.Tuner(
         tune.with_resources(trainable, trial_resources(study.resources)),
-        param_space={"trial": tune.grid_search(payloads)},
+        param_space={"trial": tune.grid_search(_payloads(study, to_run, workspace))},
         tune_config=tune.TuneConfig(
             reuse_actors=True,
-            max_concurrent_trials=max_concurrent,
+            max_concurrent_trials=options.max_concurrent,
             trial_name_creator=lambda trial: trial.config["trial"]["trial_key"],
             trial_dirname_creator=lambda trial: trial.config["trial"]["trial_key"],
         ),
         run_config=tune.RunConfig(
             name=f"{study.name}-{time.strftime('%Y%m%d-%H%M%S')}",
-            storage_path=storage_path,
+            storage_path=workspace.ray_storage(),
             callbacks=callbacks,
+            stop=CancelStopper(cancel),
             verbose=0,
-            failure_config=tune.FailureConfig(max_failures=max_failures),
+            failure_config=tune.FailureConfig(max_failures=retries),
         ),
     )
-    try:
-        if show_progress:
-            with progress:
-                tuner.fit()
-        else:
+    if options.show_progress:
+        with progress:
             tuner.fit()
-    finally:
-        recorder.abandon()  # anything still open was interrupted (Ctrl-C, or the cluster went away)
-    # Trials Tune did not finish (Ctrl-C before they started, or a cluster that went away) stay in the
-    # ledger as not succeeded; `submit` reports them as interrupted and the next submit runs them.
+    else:
+        tuner.fit()
+    # Trials Tune did not finish (Ctrl-C, `cancel`, a cluster that went away) are released by the
+    # submission: pending (or cancelled) in the ledger, and so in MLflow (recorder.abandon).

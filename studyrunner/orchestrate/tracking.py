@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import time
+import warnings
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,41 @@ from ..errors import StudyrunnerError
 from ..spec import Cell, Trial, flatten_config
 
 MAX_PARAM_LEN = 6000  # MLflow's limit for a param value
+# The ledger's trial status as an MLflow run status (the `status` tag says which of them it was).
+RUN_STATUS = {
+    "succeeded": "FINISHED",
+    "diverged": "FINISHED",  # a data point, not a crash
+    "failed": "FAILED",
+    "cancelled": "KILLED",
+    "pending": "SCHEDULED",  # interrupted: it runs again on resume
+    "running": "RUNNING",
+}
+# MLflow's HTTP client retries a failed request 7 times with exponential backoff and waits 120 s for each
+# answer: minutes per call against a dead server, while the driver waits. One immediate retry and a 5 s
+# timeout make a refused connection fail at once and a hung server within ~10 s (MlflowGuard then skips
+# MLflow for a while). The user's own settings of these variables win.
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
+}
+
+
+def bound_http_retries() -> None:
+    """Apply HTTP_DEFAULTS for this process (MLflow reads them at every request)."""
+    for name, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+
+
+def _gone(exc: Exception) -> bool:
+    """The store answered that it has no such run (or that the id is not one of its ids). Anything else
+    (down, a timeout, a 5xx) says nothing about the run: replacing the run then would make a second one."""
+    from mlflow.exceptions import MlflowException
+
+    if not isinstance(exc, MlflowException):
+        return False
+    code = exc.get_http_status_code()
+    return 400 <= code < 500 and code != 429
 
 
 @cache
@@ -43,6 +79,7 @@ class Tracker:
         # First use of a store runs migrations, which MLflow and alembic announce at INFO.
         for name in ("alembic", "mlflow.store.db.utils"):
             logging.getLogger(name).setLevel(logging.WARNING)
+        warnings.filterwarnings("ignore", message="Unnamed CHECK constraint", category=UserWarning)
         from mlflow import MlflowClient
 
         self.uri = tracking_uri
@@ -53,10 +90,19 @@ class Tracker:
             self._check_reachable(tracking_uri)
         elif scheme in ("http", "https"):
             self._check_server(tracking_uri)
-        try:
-            self.client = MlflowClient(tracking_uri)
-        except Exception as exc:  # noqa: BLE001 - MLflow raises many types for a bad URI
-            raise StudyrunnerError(f"cannot open MLflow tracking store {tracking_uri!r}: {exc}") from None
+        for attempt in range(6):
+            try:
+                self.client = MlflowClient(tracking_uri)
+                if scheme in ("sqlite", "postgresql", "mysql", "mssql"):
+                    self.client.search_experiments(max_results=1)  # creates or migrates the store now
+                break
+            except Exception as exc:  # noqa: BLE001 - MLflow raises many types for a bad URI
+                # Two submits on a fresh workspace race through MLflow's own table creation and
+                # migrations; the loser finds the store ready a moment later.
+                if attempt == 5 or scheme not in ("sqlite", "postgresql", "mysql", "mssql"):
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    raise StudyrunnerError(f"cannot open MLflow tracking store {tracking_uri!r}: {first}") from None
+                time.sleep(0.5 * (attempt + 1))
 
     @staticmethod
     def _check_reachable(uri: str) -> None:
@@ -76,9 +122,7 @@ class Tracker:
         import urllib.error
         import urllib.request
 
-        # Fewer, shorter retries for the rest of the run too (the user's own settings win).
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        bound_http_retries()  # for the rest of the run too
         try:
             urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
         except urllib.error.HTTPError:
@@ -128,8 +172,9 @@ class Tracker:
                     for key, value in baseline_tags.items():
                         self.client.set_tag(known_run_id, key, value)
                     return known_run_id
-            except Exception:  # noqa: BLE001 - the run was deleted from the store by hand
-                pass
+            except Exception as exc:  # noqa: BLE001 - the run was deleted from the store by hand
+                if not _gone(exc):
+                    raise
         run = self.client.create_run(
             experiment_id,
             run_name=cell.label,
@@ -178,3 +223,35 @@ class Tracker:
 
     def end(self, run_id: str, status: str) -> None:
         self.client.set_terminated(run_id, status)
+
+    def continue_run(self, run_id: str) -> bool:
+        """Reopen a trial's run for its next attempt (one run per trial); False if it is gone."""
+        try:
+            run = self.client.get_run(run_id)
+        except Exception as exc:  # noqa: BLE001 - deleted from the store by hand
+            if not _gone(exc):
+                raise  # MLflow is down: the run is not gone (MlflowGuard notes the outage)
+            return False
+        if run.info.lifecycle_stage != "active":
+            return False
+        self.client.update_run(run_id, status="RUNNING")
+        return True
+
+    def set_outcome(self, run_id: str, ledger_status: str, failure_class: str | None = None) -> None:
+        """Mirror the ledger's status on the run: its MLflow status, and tags `status`/`failure_class`."""
+        self.client.set_tag(run_id, "status", ledger_status)
+        if failure_class:
+            self.client.set_tag(run_id, "failure_class", failure_class)
+        mlflow_status = RUN_STATUS[ledger_status]
+        if mlflow_status in ("SCHEDULED", "RUNNING"):
+            self.client.update_run(run_id, status=mlflow_status)
+        else:
+            self.client.set_terminated(run_id, mlflow_status)
+
+    def last_step(self, run_id: str, metric: str) -> int:
+        """The highest step logged for `metric` on the run (-1 if none)."""
+        return max((m.step for m in self.client.get_metric_history(run_id, metric)), default=-1)
+
+    def log_text(self, run_id: str, text: str, path: str) -> str:
+        self.client.log_text(run_id, text, path)
+        return path

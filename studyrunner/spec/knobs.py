@@ -29,6 +29,13 @@ def knob_problem(family: FamilyEntry, resolved: dict[str, Any]) -> tuple[tuple, 
                     f"weights the {term!r} term, which model family {family.name!r} does not produce "
                     f"with these params{how}",
                 )
+    if resolved["train"].get("vectorize_seeds"):
+        from ..train.vectorized import check_vectorizable
+
+        try:
+            check_vectorizable(resolved)
+        except ValueError as exc:
+            return ("train", "vectorize_seeds"), str(exc).removeprefix("train.vectorize_seeds").lstrip(": ")
     ev = resolved["eval"]
     if ev.get("loops") is not None and "loops" not in family.params_model.model_fields:
         return ("eval", "loops"), f"model family {family.name!r} has no loops to vary at evaluation"

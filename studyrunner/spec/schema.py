@@ -80,8 +80,9 @@ class TrainSection(Strict):
     checkpoint_every: int | None = Field(
         None,
         ge=1,
-        description="Write a resumable checkpoint every N steps (the newest 2 are kept); unset = only after "
-        "the last step. Results do not depend on it.",
+        description="Write a resumable checkpoint every N steps and after the last (the newest 2 are kept); "
+        "unset = every max(1, steps // 10) steps, about a tenth of the run. Used when the trial has a "
+        "checkpoint location (Ray trials do). Results do not depend on it.",
     )
     # How a trial computes (studyrunner/train/device.py). Unset = auto / fp32 / none, and left out of the
     # resolved config, so cells that do not set them keep their hashes.
@@ -100,10 +101,17 @@ class TrainSection(Strict):
         description="none (unset): eager; default: torch.compile of the model for training steps; "
         "reduce_overhead: the same with CUDA graphs on a GPU.",
     )
+    vectorize_seeds: bool | None = Field(
+        None,
+        description="Seeds of a cell trained together in one process, as one batched model "
+        "(torch.func.vmap); each seed stays its own trial with its own records and results, equal to a "
+        "separate run's up to float rounding. Unset = false. Family looped only, without dropout or "
+        "train.compile; no checkpoints (a group that fails restarts from step 0).",
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unset_knobs(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _omit_unset(handler(self), _AUX_WEIGHT_KNOBS | _RUNTIME_KNOBS | {"checkpoint_every"})
+        return _omit_unset(handler(self), _AUX_WEIGHT_KNOBS | _RUNTIME_KNOBS | {"checkpoint_every", "vectorize_seeds"})
 
     @field_validator("betas")
     @classmethod
@@ -207,6 +215,21 @@ class Study(Strict):
         None,
         description="When a finished trial counts as failed, e.g. 'eval_exact_match < 0.2 or halt_collapsed' "
         "(failed trials always count).",
+    )
+    # How trials are run, not what they compute: never part of a cell config or hash either.
+    divergence: Annotated[str, AfterValidator(_check_rule)] | None = Field(
+        None,
+        description="When a running trial has diverged, in the failure rule's grammar, e.g. 'train_loss > 20': "
+        "checked on every record against the latest value of each metric; when it holds, the trial stops "
+        "there as diverged, keeping its metrics (a non-finite train loss always counts).",
+    )
+    retries: int = Field(
+        2,
+        ge=0,
+        le=100,
+        description="How many times a trial is retried after an infrastructure failure (a lost worker, out "
+        "of memory); it resumes from its latest checkpoint. Errors in code or config and diverged trials "
+        "are not retried.",
     )
 
     # Where the study came from, for error messages and for storing the file as written.

@@ -7,8 +7,10 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     DateTime,
     Engine,
+    Float,
     ForeignKey,
     ForeignKeyConstraint,
     Integer,
@@ -19,7 +21,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-STATUSES = ("pending", "running", "succeeded", "failed")
+# A trial's life: pending -> running -> succeeded | failed | diverged | cancelled. `stale` is not stored:
+# it is a pending/running trial whose lease holder (a `submissions` row) has gone silent (ledger.py).
+STATUSES = ("pending", "running", "succeeded", "failed", "diverged", "cancelled")
+FINISHED = ("succeeded", "failed", "diverged")
+# Why an attempt ended without succeeding (attempts.error_class, trials.failure_class).
+FAILURE_CLASSES = ("infrastructure", "error", "divergence", "interrupted", "cancelled")
 
 
 def utcnow() -> datetime:
@@ -70,7 +77,75 @@ class TrialRow(Base):
     finished_at: Mapped[datetime | None]
     error: Mapped[str | None] = mapped_column(Text)
     metrics: Mapped[dict[str, Any] | None]  # final metrics
-    mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
+    mlflow_run_id: Mapped[str | None] = mapped_column(String(64))  # one run per trial, across attempts
+    # revision 0003: failure class of the last attempt; the lease (which submission holds the trial, and
+    # when it last heard of it); whether MLflow lacks something the ledger has (`sync-mlflow` mends it)
+    failure_class: Mapped[str | None] = mapped_column(String(32))
+    owner: Mapped[str | None] = mapped_column(String(36), index=True)
+    heartbeat_at: Mapped[datetime | None]
+    mlflow_dirty: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class SubmissionRow(Base):
+    """One `submit`/`resume`/`rerun` process: the holder of the leases on the trials it runs."""
+
+    __tablename__ = "submissions"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    study: Mapped[str] = mapped_column(ForeignKey("studies.name"), index=True)
+    command: Mapped[str] = mapped_column(String(16))
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ended_at: Mapped[datetime | None]
+    cancel_requested_at: Mapped[datetime | None]
+    ray_session_dir: Mapped[str | None] = mapped_column(Text)  # a local Ray it started (cleaned after a crash)
+
+
+class AttemptRow(Base):
+    """One try of a trial: a Ray Tune run of it, or a retry after an infrastructure failure."""
+
+    __tablename__ = "attempts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    trial_key: Mapped[str] = mapped_column(ForeignKey("trials.trial_key"), index=True)
+    number: Mapped[int] = mapped_column(Integer)  # 1, 2, ... per trial
+    submission: Mapped[str | None] = mapped_column(String(36))
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ended_at: Mapped[datetime | None]
+    host: Mapped[str | None] = mapped_column(String(255))
+    ray_trial_id: Mapped[str | None] = mapped_column(String(64))
+    resumed_from_step: Mapped[int | None] = mapped_column(Integer)
+    error_class: Mapped[str | None] = mapped_column(String(32))
+    message: Mapped[str | None] = mapped_column(Text)  # first line of the error
+    traceback_artifact: Mapped[str | None] = mapped_column(Text)  # MLflow artifact path of the traceback
+    provenance: Mapped[dict[str, Any] | None]  # code and runtime: git sha, versions, host, device
+
+
+class TrialMetricRow(Base):
+    """Final metrics in long format (trial x name -> value): plain SQL, the same on SQLite and PostgreSQL."""
+
+    __tablename__ = "trial_metrics"
+
+    trial_key: Mapped[str] = mapped_column(ForeignKey("trials.trial_key"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    study: Mapped[str] = mapped_column(String(64), index=True)
+    value: Mapped[float | None] = mapped_column(Float)
+
+
+class CellParamRow(Base):
+    """Resolved cell configs in long format (cell x dotted parameter path -> value)."""
+
+    __tablename__ = "cell_params"
+    __table_args__ = (ForeignKeyConstraint(["study", "cell_hash"], ["cells.study", "cells.cell_hash"]),)
+
+    study: Mapped[str] = mapped_column(String(64), primary_key=True)
+    cell_hash: Mapped[str] = mapped_column(String(32), primary_key=True)
+    path: Mapped[str] = mapped_column(String(300), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)  # JSON text of the value
+    value_num: Mapped[float | None] = mapped_column(Float)  # the value when it is a number (bools as 0/1)
 
 
 def make_engine(url: str) -> Engine:

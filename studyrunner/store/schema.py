@@ -9,6 +9,7 @@ checks that migrating from nothing gives exactly the tables `db.py` declares.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from alembic import command
@@ -16,6 +17,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect
+from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import StudyrunnerError
 from .db import Base, TrialRow
@@ -51,10 +53,18 @@ def _unversioned(engine: Engine) -> str:
 
 
 def create(engine: Engine) -> None:
-    """A new ledger, at the newest revision."""
-    Base.metadata.create_all(engine)
-    with engine.begin() as conn:
-        command.stamp(_config(conn), "head")
+    """A new ledger, at the newest revision. Two processes creating one ledger at once (two submits on
+    a fresh workspace) both succeed: the loser of the race finds the winner's ledger."""
+    try:
+        Base.metadata.create_all(engine)
+        with engine.begin() as conn:
+            command.stamp(_config(conn), "head")
+    except SQLAlchemyError:
+        for _ in range(50):
+            time.sleep(0.1)
+            if current(engine) == head():
+                return
+        raise
 
 
 def upgrade(engine: Engine) -> tuple[str | None, str]:

@@ -11,6 +11,9 @@ What one checkpoint holds (`run_trial` assembles it; see `trainer._capture`):
 - `trial`: the config and seed it belongs to (a checkpoint of another trial is refused, naming the
   fields that differ); `train.checkpoint_every` is left out, so changing it keeps checkpoints usable.
 
+When: after every `train.checkpoint_every`-th step (unset: every max(1, steps // 10) steps, about a
+tenth of the run, so a lost worker costs at most that much) and after the last step.
+
 On storage a checkpoint is one object, `step-000000400.ckpt`: a magic line, the payload's length and
 SHA-256, then the payload (`torch.save` bytes). It is written to a temporary name and renamed, so a
 reader sees a whole file or none; the checksum catches anything else (a truncated copy, bit rot).
@@ -276,11 +279,17 @@ def _differences(saved: Any, current: Any, path: str = "") -> list[str]:
 # --------------------------------------------------------------------------------- checkpoints
 
 
+def default_every(steps: int) -> int:
+    """The checkpoint interval when `train.checkpoint_every` is unset: about a tenth of the run."""
+    return max(1, steps // 10)
+
+
 class Checkpoints:
     """One trial's checkpoints in `storage`: when to write, writing, and finding the one to resume from.
 
-    `every` (`train.checkpoint_every`): write after every `every`-th step; `None` = only after the last
-    step. `notify(message)` receives what a user should know (fallbacks, resumes)."""
+    `every` (`train.checkpoint_every`): write after every `every`-th step; `None` = every
+    `default_every(steps)` steps, about a tenth of the run. A checkpoint is also written after the
+    last step. `notify(message)` receives what a user should know (fallbacks, resumes)."""
 
     def __init__(
         self,
@@ -294,14 +303,15 @@ class Checkpoints:
     ) -> None:
         if keep < 1:
             raise ValueError("keep must be at least 1")
-        self.storage, self.every, self.keep = storage, every, keep
         self.steps = int(config["train"]["steps"])
+        self.every = every if every is not None else default_every(self.steps)
+        self.storage, self.keep = storage, keep
         self.identity = trial_identity(config, seed)
         self._notify = notify or (lambda message: None)
 
     def due(self, done: int) -> bool:
         """Is a checkpoint written after `done` steps?"""
-        return done == self.steps or (self.every is not None and done % self.every == 0)
+        return done == self.steps or done % self.every == 0
 
     def save(self, step: int, state: dict[str, Any]) -> None:
         """Write `state` as the checkpoint after `step` steps; keep the newest `keep`.

@@ -2,30 +2,53 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Reporter(Protocol):
-    """Required: `log`. Optional: `note(message: str)`, a line a user should see about the trial (a
-    resume from a checkpoint, a corrupt checkpoint skipped); reporters without it are not sent notes.
-    Optional: `facts(values: dict[str, str])`, how the trial computes (device and its name, precision,
-    compile mode, torch and CUDA versions, torch.backends switches: `device.Runtime.facts`), sent once
-    per attempt before any record; the Ray reporter records them as the MLflow params `runtime.<name>`."""
+    """Required: `log`. Every other method is optional: a reporter without it is not called.
+
+    - `facts(values: dict[str, str])`: how the trial computes (device and its name, precision, compile
+      mode, torch and CUDA versions, torch.backends switches: `device.Runtime.facts`), sent once per
+      attempt before any record; the Ray reporter records them as the MLflow params `runtime.<name>`.
+    - `note(message: str)`: a line a user should see about the trial (a resume from a checkpoint, a
+      corrupt checkpoint skipped).
+    - `start(step: int)`: once per attempt, before any record, the step it starts from (the resumed
+      checkpoint's step; 0 = from scratch). Notes about the resume come before it.
+    - `checkpointed(step: int)`: a checkpoint after `step` steps was written (after that step's record).
+    - `tick(step: int)`: after every optimizer step (after its record and checkpoint): cheap liveness.
+
+    `log` (or any of these) may raise `outcomes.Diverged(step, reason)` to stop the trial as diverged;
+    `run_trial` fills in its metrics and re-raises it."""
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record metrics measured at `step` (1-based optimizer step; 0 = before training)."""
 
 
+def _call(reporter: Reporter, name: str, *args: Any) -> None:
+    method = getattr(reporter, name, None)
+    if callable(method):
+        method(*args)
+
+
 def send_note(reporter: Reporter, message: str) -> None:
-    note = getattr(reporter, "note", None)
-    if callable(note):
-        note(message)
+    _call(reporter, "note", message)
 
 
 def send_facts(reporter: Reporter, values: dict[str, str]) -> None:
-    facts = getattr(reporter, "facts", None)
-    if callable(facts):
-        facts(dict(values))
+    _call(reporter, "facts", dict(values))
+
+
+def send_start(reporter: Reporter, step: int) -> None:
+    _call(reporter, "start", step)
+
+
+def send_checkpointed(reporter: Reporter, step: int) -> None:
+    _call(reporter, "checkpointed", step)
+
+
+def send_tick(reporter: Reporter, step: int) -> None:
+    _call(reporter, "tick", step)
 
 
 class MemoryReporter:
@@ -35,6 +58,8 @@ class MemoryReporter:
         self.rows: list[dict[str, float]] = []
         self.notes: list[str] = []
         self.run_facts: dict[str, str] = {}  # of the latest attempt
+        self.starts: list[int] = []  # the step each attempt started from
+        self.checkpoint_steps: list[int] = []
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.rows.append({"step": step, **metrics})
@@ -44,6 +69,12 @@ class MemoryReporter:
 
     def facts(self, values: dict[str, str]) -> None:
         self.run_facts = dict(values)
+
+    def start(self, step: int) -> None:
+        self.starts.append(step)
+
+    def checkpointed(self, step: int) -> None:
+        self.checkpoint_steps.append(step)
 
     def series(self, name: str) -> list[tuple[int, float]]:
         return [(r["step"], r[name]) for r in self.rows if name in r]

@@ -13,15 +13,21 @@ With a checkpoint location, a trial writes checkpoints (checkpoint.py) and resum
 intact one: its later records and final metrics are those of a run that never stopped (wall-clock
 timings aside).
 
+A non-finite train loss (NaN or +-inf) ends the trial with `outcomes.Diverged`, which carries the
+metrics known at that point (`summary_metrics`): a diverged seed is a data point, not a crash. A
+reporter may raise `Diverged` too (the study's `divergence:` rule); `run_trial` fills in its metrics.
+
 Device, precision and compile mode (`train.device`, `train.precision`, `train.compile`) are resolved
 in device.py: the model is built on the CPU (so its initial weights do not depend on the device),
 then moved; eval sets are generated once and kept on the device; each train batch is generated on
-the CPU and copied. How the trial computed is sent once per attempt, before any record, to the
-reporter's optional `facts` (device name, precision, compile mode, torch.backends switches).
+the CPU and copied, ahead of its step in a background thread where that pays (prefetch.py: on CUDA).
+How the trial computed is sent once per attempt, before any record, to the reporter's optional
+`facts` (device name, precision, compile mode, torch.backends switches).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -36,11 +42,30 @@ from .checkpoint import CheckpointMismatch, Checkpoints, CheckpointStorage, capt
 from .device import Runtime
 from .evaluation import EVAL_CHUNK, evaluate, evaluate_and_record
 from .optim import lr_at, make_optimizer
+from .outcomes import Diverged
+from .prefetch import Prefetcher, prefetch_enabled
 from .progress import Progress
-from .reporter import MemoryReporter, Reporter, send_facts, send_note
+from .reporter import (
+    MemoryReporter,
+    Reporter,
+    send_checkpointed,
+    send_facts,
+    send_note,
+    send_start,
+    send_tick,
+)
 from .schedules import aux_weights
 
-__all__ = ["EVAL_CHUNK", "HALT_COLLAPSE_FRACTION", "TrialSetup", "build_trial", "evaluate", "run_trial"]
+__all__ = [
+    "EVAL_CHUNK",
+    "HALT_COLLAPSE_FRACTION",
+    "Diverged",
+    "TrialSetup",
+    "build_trial",
+    "evaluate",
+    "run_trial",
+    "summary_metrics",
+]
 
 # halt_collapsed = 1 when the final mean halting depth is below this fraction of the loops (the
 # shallow-halt trap of seed 003: trapped runs halt at 5-7 of 18 steps, healthy ones at 11-18).
@@ -56,23 +81,44 @@ def run_trial(
     checkpoints: CheckpointsArg = None,
     *,
     device: str | torch.device | None = None,
+    nan_at: int | None = None,
 ) -> dict[str, float]:
     """Train and evaluate one (cell config, seed); report records as it goes; return final metrics.
 
     On CPU the same (config, seed, thread count) gives the same final metrics. `checkpoints` (a
     folder, a pyarrow filesystem URI, or a storage object; one per trial) turns checkpointing on:
-    every `train.checkpoint_every` steps and after the last step, and a resume from the newest
-    intact checkpoint found there. Records up to that checkpoint are not sent again.
+    every `train.checkpoint_every` steps (unset: about every tenth of the run) and after the last
+    step, and a resume from the newest intact checkpoint found there. Records up to that checkpoint
+    are not sent again.
 
     `device` is the device the caller assigned the trial (the Ray trainable: the GPU Ray gave it, or
     "cpu"); None = none assigned. With `train.device: auto` the trial trains there, or on a visible
     GPU when nothing was assigned (device.py has the rules).
+
+    Raises `Diverged` (with the metrics so far) when the train loss is not finite, or when the
+    reporter raises it. `nan_at` is a testing hook (STUDYRUNNER_INJECT_NAN): the loss of that step
+    (1-based) is made NaN before its backward pass, so divergence handling runs for real.
     """
     reporter = reporter or MemoryReporter()
     trial = build_trial(config, seed, device)
+    trial.nan_at = nan_at
     send_facts(reporter, trial.runtime.facts())
     store = _open_checkpoints(checkpoints, config, seed, reporter)
     progress = _resume(store, trial) if store is not None else Progress()
+    send_start(reporter, progress.step)
+    trial.prefetch_from(progress.step)
+    try:
+        _train(trial, progress, store, reporter)
+    except Diverged as diverged:
+        if diverged.metrics is None:  # raised by the reporter, which does not know the trial
+            diverged.metrics = summary_metrics(trial, progress)
+        raise
+    finally:
+        trial.stop_prefetch()
+    return final_metrics(trial, progress)
+
+
+def _train(trial: TrialSetup, progress: Progress, store: Checkpoints | None, reporter: Reporter) -> None:
     if progress.step == 0:
         reporter.log(0, dict(trial.static))
     trial.model.train()
@@ -87,7 +133,8 @@ def run_trial(
             reporter.log(done, record)
         if store is not None and store.due(done):  # after the record: it is never lost, at worst resent
             store.save(done, _capture(trial, progress))
-    return final_metrics(trial, progress)
+            send_checkpointed(reporter, done)
+        send_tick(reporter, done)
 
 
 @dataclass
@@ -105,6 +152,8 @@ class TrialSetup:
     grad_groups: dict[str, list[torch.nn.Parameter]]
     runtime: Runtime
     step_model: torch.nn.Module
+    nan_at: int | None = None  # testing hook: the step whose loss is made NaN (see run_trial)
+    batches: Prefetcher | None = None  # train batches made ahead, while one runs (prefetch.py)
 
     @property
     def steps(self) -> int:
@@ -116,6 +165,24 @@ class TrialSetup:
 
     def record_due(self, done: int) -> bool:
         return done % self.train["log_every"] == 0 or done == self.steps
+
+    def batch(self, step: int) -> Batch:
+        """The train batch of `step` on the device: the prefetcher's when one runs, else made now."""
+        if self.batches is not None:
+            return self.batches.get(step)
+        return self.runtime.to_device(self.task.train_batch(step, self.train["batch_size"]))
+
+    def prefetch_from(self, step: int) -> None:
+        """Make the batches of `step`..`steps - 1` ahead in a thread, where that pays (prefetch.py)."""
+        if prefetch_enabled(self.runtime.device) and step < self.steps:
+            size = self.train["batch_size"]
+            make = lambda s: self.task.train_batch(s, size)  # noqa: E731
+            self.batches = Prefetcher(make, step, self.steps, device=self.runtime.device)
+
+    def stop_prefetch(self) -> None:
+        if self.batches is not None:
+            self.batches.close()
+            self.batches = None
 
 
 def build_trial(config: dict[str, Any], seed: int, device: str | torch.device | None = None) -> TrialSetup:
@@ -140,7 +207,7 @@ def train_step(trial: TrialSetup, progress: Progress) -> tuple[float, int]:
     lr = trial.lr(step)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    batch = trial.runtime.to_device(trial.task.train_batch(step, trial.train["batch_size"]))
+    batch = trial.batch(step)
     trial.runtime.step_begin()
     with trial.runtime.autocast():
         result = trial.step_model(batch.inputs)
@@ -148,6 +215,8 @@ def train_step(trial: TrialSetup, progress: Progress) -> tuple[float, int]:
         weights = aux_weights(step, trial.train, result.aux)
         for name, term in result.aux.items():
             loss = loss + weights[name] * term
+        if trial.nan_at == step + 1:
+            loss = loss * float("nan")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     # before clipping: the gradient the loss asked for
@@ -156,8 +225,8 @@ def train_step(trial: TrialSetup, progress: Progress) -> tuple[float, int]:
         torch.nn.utils.clip_grad_norm_(model.parameters(), trial.train["grad_clip"])
     optimizer.step()
     loss_value = loss.item()
-    if loss_value != loss_value:  # NaN: the trial has diverged; fail it loudly
-        raise FloatingPointError(f"train loss is NaN at step {step + 1}")
+    if not math.isfinite(loss_value):  # the weights are now poisoned: nothing later is worth computing
+        raise Diverged(step + 1, f"train loss is {loss_value} at step {step + 1}")
     elapsed = time.perf_counter() - started
     tokens = batch.inputs.numel()
     progress.window.add(loss_value, elapsed, result.aux, grad_norms, weights)
@@ -167,13 +236,17 @@ def train_step(trial: TrialSetup, progress: Progress) -> tuple[float, int]:
 
 def final_metrics(trial: TrialSetup, progress: Progress) -> dict[str, float]:
     """The latest value of every reported name, the static facts and whole-run throughput."""
-    final = {
-        **progress.last,
-        **trial.static,
-        "step_time_ms": 1000 * progress.total_time / trial.steps,
-        "tokens_per_sec": progress.total_tokens / progress.total_time,
-        "train_time_s": progress.total_time,
-    }
+    return summary_metrics(trial, progress)
+
+
+def summary_metrics(trial: TrialSetup, progress: Progress) -> dict[str, float]:
+    """`final_metrics` of the steps taken so far (all of them once the trial finished); throughput is
+    left out while no step has been timed."""
+    final = {**progress.last, **trial.static}
+    if progress.step > 0 and progress.total_time > 0:
+        final["step_time_ms"] = 1000 * progress.total_time / progress.step
+        final["tokens_per_sec"] = progress.total_tokens / progress.total_time
+    final["train_time_s"] = progress.total_time
     final.pop("lr", None)
     if "ponder_steps_fraction" in progress.last:  # a halting model: did its halting depth collapse?
         threshold = trial.ev.get("halt_collapse_fraction") or HALT_COLLAPSE_FRACTION

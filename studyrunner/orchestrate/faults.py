@@ -1,0 +1,41 @@
+"""Fault injection, so users (and the tests) can rehearse failures end to end with real processes.
+
+    STUDYRUNNER_INJECT_FAULT=GLOB[,GLOB]   trials whose key matches raise at start: a code error
+                                           (failed at once, not retried)
+    STUDYRUNNER_INJECT_KILL=GLOB@STEP      the worker SIGKILLs itself after STEP steps on its first
+                                           attempt: an infrastructure failure (retried, resumed from
+                                           the last checkpoint)
+    STUDYRUNNER_INJECT_NAN=GLOB@STEP       the train loss is NaN at STEP: the trial diverges
+
+Read by the driver, which passes each trial's faults in its payload (workers on other nodes do not
+share the driver's environment).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+
+from ..errors import StudyrunnerError
+
+KINDS = {"STUDYRUNNER_INJECT_KILL": "kill_at", "STUDYRUNNER_INJECT_NAN": "nan_at"}
+
+
+def _rules(variable: str) -> list[tuple[str, int]]:
+    rules = []
+    for item in filter(None, (p.strip() for p in os.environ.get(variable, "").split(","))):
+        pattern, _, step = item.rpartition("@")
+        if not pattern or not step.isdigit():
+            raise StudyrunnerError(f"{variable}={item!r}: expected TRIAL_KEY_GLOB@STEP, e.g. 'mystudy-*-s0@5'")
+        rules.append((pattern, int(step)))
+    return rules
+
+
+def injections_for(trial_key: str) -> dict[str, int] | None:
+    """{'kill_at': step, 'nan_at': step} for the faults the environment injects into this trial."""
+    found = {}
+    for variable, name in KINDS.items():
+        for pattern, step in _rules(variable):
+            if fnmatch.fnmatchcase(trial_key, pattern):
+                found[name] = step
+    return found or None

@@ -417,7 +417,7 @@ def status(
 
 
 def _print_failures(ledger, studies: list[str], limit: int = 50) -> None:
-    rows = [t for name in studies for t in ledger.trials(name) if t.status in ("failed", "diverged")]
+    rows = [t for name in studies for t in ledger.trials(name, statuses=("failed", "diverged"))]
     if not rows:
         return
     table = Table(title="failed and diverged trials")

@@ -31,6 +31,12 @@ def _rules(variable: str) -> list[tuple[str, int]]:
     return rules
 
 
+def fault_injected(trial_key: str) -> bool:
+    """Does STUDYRUNNER_INJECT_FAULT name this trial (a code error at start)?"""
+    patterns = filter(None, (p.strip() for p in os.environ.get("STUDYRUNNER_INJECT_FAULT", "").split(",")))
+    return any(fnmatch.fnmatchcase(trial_key, p) for p in patterns)
+
+
 def injections_for(trial_key: str) -> dict[str, int] | None:
     """{'kill_at': step, 'nan_at': step} for the faults the environment injects into this trial."""
     found = {}

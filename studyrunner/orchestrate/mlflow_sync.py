@@ -17,14 +17,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from rich.console import Console
-from sqlalchemy import select, update
 
 from ..errors import StudyrunnerError
 from ..spec import Cell, Trial
 from ..store import CurveStore, Ledger
-from ..store.db import AttemptRow, CellRow, StudyRow, TrialRow
+from ..store.db import CellRow, StudyRow, TrialRow
 from .mlflow_guard import first_line
-from .tracking import RUN_STATUS, Tracker
+from .tracking import Tracker, gone
 
 BATCH = 1000  # MLflow's per-request metric limit
 
@@ -43,70 +42,6 @@ class SyncReport:
     @property
     def changed(self) -> bool:
         return bool(self.trials_synced or self.cell_runs_created or self.points_logged)
-
-
-# --- the ledger ---------------------------------------------------------------------------------
-
-
-def _study_row(ledger: Ledger, name: str) -> StudyRow:
-    with ledger.session() as s:
-        row = s.get(StudyRow, name)
-        known = [] if row is not None else list(s.scalars(select(StudyRow.name).order_by(StudyRow.name)))
-    if row is None:
-        raise StudyrunnerError(
-            f"no study named {name!r} in {ledger.url}; known studies: {', '.join(known) or 'none yet'}"
-        )
-    return row
-
-
-def _cell_rows(ledger: Ledger, study: str) -> dict[str, CellRow]:
-    with ledger.session() as s:
-        return {c.cell_hash: c for c in s.scalars(select(CellRow).where(CellRow.study == study))}
-
-
-def _trial_rows(ledger: Ledger, study: str) -> list[TrialRow]:
-    with ledger.session() as s:
-        q = select(TrialRow).where(TrialRow.study == study).order_by(TrialRow.created_at, TrialRow.trial_key)
-        return list(s.scalars(q))
-
-
-def _set_experiment(ledger: Ledger, study: str, experiment_id: str) -> None:
-    with ledger.session() as s, s.begin():
-        s.get(StudyRow, study).mlflow_experiment_id = experiment_id
-
-
-def _set_cell_run(ledger: Ledger, study: str, cell_hash: str, run_id: str) -> None:
-    with ledger.session() as s, s.begin():
-        s.get(CellRow, (study, cell_hash)).mlflow_run_id = run_id
-
-
-def _set_trial_run(ledger: Ledger, trial_key: str, run_id: str) -> None:
-    # Still dirty: the run is named at once (a sync stopped now continues it, never makes a second)
-    # but holds nothing yet.
-    with ledger.session() as s, s.begin():
-        s.execute(
-            update(TrialRow).where(TrialRow.trial_key == trial_key).values(mlflow_run_id=run_id, mlflow_dirty=True)
-        )
-
-
-def _clear_dirty(ledger: Ledger, trial_key: str) -> None:
-    with ledger.session() as s, s.begin():
-        s.execute(update(TrialRow).where(TrialRow.trial_key == trial_key).values(mlflow_dirty=False))
-
-
-def _last_attempt(ledger: Ledger, trial_key: str) -> AttemptRow | None:
-    with ledger.session() as s:
-        q = select(AttemptRow).where(AttemptRow.trial_key == trial_key).order_by(AttemptRow.number.desc())
-        return s.scalars(q).first()
-
-
-def _set_traceback_artifact(ledger: Ledger, attempt_id: int, path: str) -> None:
-    with ledger.session() as s, s.begin():
-        s.get(AttemptRow, attempt_id).traceback_artifact = path
-
-
-def _live_holders(ledger: Ledger, study: str) -> set[str]:
-    return {r.id for r in ledger.live_submissions(study)}
 
 
 # --- what a trial needs -----------------------------------------------------------------------
@@ -139,15 +74,9 @@ def _run_alive(client, run_id: str | None, active: set[str]) -> bool:
     try:  # a run the ledger names in another experiment (renamed or moved by hand)
         return client.get_run(run_id).info.lifecycle_stage == "active"
     except MlflowException as exc:
-        if _not_there(exc):
+        if gone(exc):
             return False
         raise
-
-
-def _not_there(exc) -> bool:
-    """The store answered that it has no such thing (or that the id is not one of its ids)."""
-    code = exc.get_http_status_code()
-    return 400 <= code < 500 and code != 429
 
 
 # --- curves and metrics -------------------------------------------------------------------------
@@ -237,18 +166,6 @@ def _backfill(client, run_id: str, points: list[dict[str, dict[int, float]]]) ->
     return logged
 
 
-def _set_outcome(client, run_id: str, row: TrialRow) -> None:
-    """The ledger's status on the run (a running trial's run status is its driver's to set)."""
-    client.set_tag(run_id, "status", row.status)
-    if row.failure_class:
-        client.set_tag(run_id, "failure_class", row.failure_class)
-    status = RUN_STATUS.get(row.status)
-    if status == "SCHEDULED":
-        client.update_run(run_id, status=status)
-    elif status not in (None, "RUNNING"):
-        client.set_terminated(run_id, status)
-
-
 # --- the study ------------------------------------------------------------------------------------
 
 
@@ -274,14 +191,14 @@ def _experiment(tracker: Tracker, ledger: Ledger, row: StudyRow, artifact_locati
         try:
             exp = client.get_experiment(row.mlflow_experiment_id)
         except MlflowException as exc:
-            if not _not_there(exc):
+            if not gone(exc):
                 raise
             exp = None
         if exp is not None and exp.lifecycle_stage == "active":
             return exp.experiment_id
     experiment_id = tracker.experiment(row.name, artifact_location, row.description or "")
     if experiment_id != row.mlflow_experiment_id:
-        _set_experiment(ledger, row.name, experiment_id)
+        ledger.set_experiment(row.name, experiment_id)
     return experiment_id
 
 
@@ -290,7 +207,7 @@ class _Sync:
         self.ledger, self.tracker, self.client, self.curves = ledger, tracker, tracker.client, curves
         self.study, self.spec = study, _study(study)
         self.report = report
-        self.cells = _cell_rows(ledger, study.name)
+        self.cells = {c.cell_hash: c for c in ledger.cells(study.name)}
         self.parents: dict[str, str] = {}  # cell_hash -> parent run, once ensured
 
     def parent(self, experiment_id: str, cell_hash: str) -> str:
@@ -298,7 +215,7 @@ class _Sync:
             row = self.cells[cell_hash]
             run_id = self.tracker.cell_run(experiment_id, self.spec, _cell(row), row.mlflow_run_id)
             if run_id != row.mlflow_run_id:
-                _set_cell_run(self.ledger, self.study.name, cell_hash, run_id)
+                self.ledger.set_cell_run(self.study.name, cell_hash, run_id)
                 self.report.cell_runs_created += 1
             self.parents[cell_hash] = run_id
         return self.parents[cell_hash]
@@ -308,7 +225,7 @@ class _Sync:
         if run_id is None:
             parent = self.parent(experiment_id, row.cell_hash)
             run_id = self.tracker.trial_run(experiment_id, parent, self.spec, _trial(row, self.cells[row.cell_hash]))
-            _set_trial_run(self.ledger, row.trial_key, run_id)
+            self.ledger.set_trial_run(row.trial_key, run_id)
             self.report.runs_created += 1
         else:
             self.parent(experiment_id, row.cell_hash)  # a cell run deleted by hand comes back too
@@ -316,17 +233,18 @@ class _Sync:
         curve = curve_points(self.curves, self.study.name, row.trial_key)
         self.report.points_logged += _backfill(self.client, run_id, [curve, _final_points(row, curve)])
         self.traceback(run_id, row)
-        _set_outcome(self.client, run_id, row)
-        _clear_dirty(self.ledger, row.trial_key)
+        self.tracker.set_outcome(run_id, row.status, row.failure_class)
+        self.ledger.set_mlflow_dirty(row.trial_key, False)
         self.report.trials_synced += 1
 
     def traceback(self, run_id: str, row: TrialRow) -> None:
         """A failed trial's error text as the artifact the driver would have saved, if it could not."""
-        attempt = _last_attempt(self.ledger, row.trial_key) if row.status == "failed" and row.error else None
+        attempts = self.ledger.attempts(row.trial_key) if row.status == "failed" and row.error else []
+        attempt = attempts[-1] if attempts else None
         if attempt is None or attempt.traceback_artifact:
             return
         path = self.tracker.log_text(run_id, row.error, f"attempts/{attempt.number}/traceback.txt")
-        _set_traceback_artifact(self.ledger, attempt.id, path)
+        self.ledger.set_traceback_artifact(attempt.id, path)
 
     def cell_aggregates(self, cell_hashes: set[str]) -> None:
         """The seed aggregates the driver logs on a cell's parent run as seeds finish, at the last count."""
@@ -339,7 +257,7 @@ class _Sync:
         except Exception:  # noqa: BLE001 - a file today's schema no longer reads: the trials are synced
             return
         by_cell: dict[str, list[TrialRow]] = {}
-        for row in _trial_rows(self.ledger, self.study.name):
+        for row in self.ledger.trials(self.study.name):
             by_cell.setdefault(row.cell_hash, []).append(row)
         for cell_hash in sorted(cell_hashes & set(self.parents)):
             aggregates = seed_aggregates([(r.status, r.metrics) for r in by_cell.get(cell_hash, [])], metric, rule)
@@ -360,10 +278,10 @@ def sync_mlflow(
     """Backfill MLflow from the ledger and curves for the study's trials MLflow lacks (see the module
     docstring). Idempotent: a second sync finds nothing to do. `artifact_location` is used only when
     the experiment must be created."""
-    study = _study_row(ledger, study_name)
+    study = ledger.get_study(study_name)
     report = SyncReport(study_name)
-    rows = [r for r in _trial_rows(ledger, study_name) if _ever_ran(r)]
-    holders = _live_holders(ledger, study_name)
+    rows = [r for r in ledger.trials(study_name) if _ever_ran(r)]
+    holders = {r.id for r in ledger.live_submissions(study_name)}
     report.held = [r.trial_key for r in rows if r.owner is not None and r.owner in holders]
     rows = [r for r in rows if r.trial_key not in set(report.held)]
     current = ""

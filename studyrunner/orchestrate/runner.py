@@ -7,7 +7,6 @@ them, and release whatever did not finish, even after a second Ctrl-C.
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import os
 import socket
@@ -28,7 +27,7 @@ from ..store.ledger import STALE_AFTER_S, SUBMIT_RUNS
 from ..workspace import Workspace
 from .capacity import check_cluster_fits, trial_resources
 from .driver_callback import CancelStopper
-from .faults import injections_for
+from .faults import fault_injected, injections_for
 from .progress import ProgressDisplay
 from .recorder import Recorder
 from .selection import RerunSelection
@@ -145,7 +144,7 @@ def submit(
     held = [r.trial_key for r in ledger.trials_by_key(reg.held) if r.status in ("failed", "diverged")]
     result = SubmitResult(compiled.study.name, len(compiled.trials), skipped=reg.skipped, held=held)
     _say_plan(console, compiled, reg.skipped, held)
-    stale = sorted(ledger.stale_keys(compiled.study.name, (options or RunOptions()).stale_after))
+    stale = sorted(ledger.stale_keys(compiled.study.name, options.stale_after))
     return _run(compiled, workspace, ledger, tracker, reg.to_run + stale, "submit", result, options, console)
 
 
@@ -154,12 +153,12 @@ def resume(
 ) -> SubmitResult:
     """Finish a study after its driver died or was stopped: pending, cancelled and stale trials run;
     nothing that succeeded runs again."""
-    console = console or Console(stderr=True)
+    console, options = console or Console(stderr=True), options or RunOptions()
     ledger, tracker = _open_stores(workspace, create=False)
     compiled = stored_study(ledger, study)
     reg = ledger.register(compiled)
     result = SubmitResult(study, len(compiled.trials), skipped=reg.skipped)
-    stale = sorted(ledger.stale_keys(study, (options or RunOptions()).stale_after))
+    stale = sorted(ledger.stale_keys(study, options.stale_after))
     return _run(compiled, workspace, ledger, tracker, reg.to_run + stale, "resume", result, options, console)
 
 
@@ -172,11 +171,11 @@ def rerun(
     console: Console | None = None,
 ) -> SubmitResult:
     """Run exactly the chosen trials again, as new attempts of the same trials (and MLflow runs)."""
-    console = console or Console(stderr=True)
+    console, options = console or Console(stderr=True), options or RunOptions()
     ledger, tracker = _open_stores(workspace, create=False)
     compiled = stored_study(ledger, study)
     ledger.register(compiled)
-    keys = select.keys(ledger, compiled, (options or RunOptions()).stale_after)
+    keys = select.keys(ledger, compiled, options.stale_after)
     result = SubmitResult(study, len(compiled.trials))
     console.print(f"[bold]{escape(study)}[/]: rerunning {len(keys)} trials ({select.describe()})")
     if select.fresh:
@@ -361,7 +360,6 @@ def delete_checkpoints(location: str) -> None:
 def _payloads(study, to_run, workspace: Workspace) -> list[dict]:
     """What each Tune trial's worker gets: the resolved config, seed and the knobs of how it runs; a
     cell with `train.vectorize_seeds` sends its seeds as one group (one process trains them together)."""
-    faults = [p for p in os.environ.get("STUDYRUNNER_INJECT_FAULT", "").split(",") if p]
     single = [
         {
             "trial_key": t.trial_key,
@@ -371,7 +369,7 @@ def _payloads(study, to_run, workspace: Workspace) -> list[dict]:
             "checkpoint_dir": checkpoint_location(workspace, study.name, t.trial_key),
             "divergence": study.divergence,
             "heartbeat_s": HEARTBEAT_S,
-            "inject_fault": any(fnmatch.fnmatchcase(t.trial_key, p) for p in faults),
+            "inject_fault": fault_injected(t.trial_key),
             "inject": injections_for(t.trial_key),
         }
         for t in to_run

@@ -47,7 +47,7 @@ def bound_http_retries() -> None:
         os.environ.setdefault(name, value)
 
 
-def _gone(exc: Exception) -> bool:
+def gone(exc: Exception) -> bool:
     """The store answered that it has no such run (or that the id is not one of its ids). Anything else
     (down, a timeout, a 5xx) says nothing about the run: replacing the run then would make a second one."""
     from mlflow.exceptions import MlflowException
@@ -173,7 +173,7 @@ class Tracker:
                         self.client.set_tag(known_run_id, key, value)
                     return known_run_id
             except Exception as exc:  # noqa: BLE001 - the run was deleted from the store by hand
-                if not _gone(exc):
+                if not gone(exc):
                     raise
         run = self.client.create_run(
             experiment_id,
@@ -229,7 +229,7 @@ class Tracker:
         try:
             run = self.client.get_run(run_id)
         except Exception as exc:  # noqa: BLE001 - deleted from the store by hand
-            if not _gone(exc):
+            if not gone(exc):
                 raise  # MLflow is down: the run is not gone (MlflowGuard notes the outage)
             return False
         if run.info.lifecycle_stage != "active":
@@ -243,9 +243,9 @@ class Tracker:
         if failure_class:
             self.client.set_tag(run_id, "failure_class", failure_class)
         mlflow_status = RUN_STATUS[ledger_status]
-        if mlflow_status in ("SCHEDULED", "RUNNING"):
+        if mlflow_status == "SCHEDULED":
             self.client.update_run(run_id, status=mlflow_status)
-        else:
+        elif mlflow_status != "RUNNING":  # a running trial's run status is its driver's to set
             self.client.set_terminated(run_id, mlflow_status)
 
     def last_step(self, run_id: str, metric: str) -> int:

@@ -333,12 +333,11 @@ def assigned_device() -> str:
     return f"cuda:{visible.index(ids[0])}" if ids[0] in visible else "cuda:0"
 
 
-def run_group_attempt(
-    group: dict[str, Any], report: Report, *, device: str | None = None, background: bool = False
-) -> list[str]:
+def run_group_attempt(group: dict[str, Any], report: Report, *, device: str | None = None) -> list[str]:
     """One attempt of a cell's seeds trained together (`train.vectorize_seeds`): each seed reports as
     its own trial (every result names its `trial_key`) and ends with its own final report. A Python
-    error fails every seed of the group (class error); infrastructure failures propagate."""
+    error fails every seed of the group (class error); infrastructure failures propagate. Reports are
+    sent on the training thread: a sender thread per seed would call `report` concurrently."""
     from ..train.vectorized import run_trials_together
 
     members = group["group"]
@@ -347,7 +346,6 @@ def run_group_attempt(
             lambda result, key=m["trial_key"]: report({**result, "trial_key": key}),
             divergence=group.get("divergence"),
             heartbeat_s=float(group.get("heartbeat_s") or HEARTBEAT_S),
-            background=background,
         )
         for m in members
     ]
@@ -376,7 +374,6 @@ def trainable(config: dict[str, Any]) -> None:
     # payload: {trial_key, seed, cell, threads, checkpoint_dir, divergence, heartbeat_s, inject, inject_fault}
     payload = config["trial"]
     if "group" in payload:
-        # Not in the background: one sender thread per seed would call tune.report concurrently.
         run_group_attempt(payload, tune.report, device=assigned_device())
     else:
         run_attempt(payload, tune.report, device=assigned_device(), background=True)

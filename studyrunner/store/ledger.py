@@ -215,22 +215,22 @@ class Ledger:
     def dead_submissions(self, study: str | None = None, stale_after: float = STALE_AFTER_S) -> list[SubmissionRow]:
         """Submissions that no longer hold their leases: ended, silent for `stale_after` seconds, or
         (on this host) whose process is gone."""
+        return [r for r in self._open_submissions(study) if self._is_dead(r, stale_after)]
+
+    def live_submissions(self, study: str, stale_after: float = STALE_AFTER_S) -> list[SubmissionRow]:
+        return [r for r in self._open_submissions(study) if not self._is_dead(r, stale_after)]
+
+    def _open_submissions(self, study: str | None) -> list[SubmissionRow]:
         q = select(SubmissionRow).where(SubmissionRow.ended_at.is_(None))
         if study is not None:
             q = q.where(SubmissionRow.study == study)
-        cutoff = utcnow() - timedelta(seconds=stale_after)
-        host = socket.gethostname()
         with self.session() as s:
-            rows = list(s.scalars(q))
-        return [r for r in rows if _aware(r.heartbeat_at) < cutoff or (r.host == host and not _pid_alive(r.pid))]
+            return list(s.scalars(q))
 
-    def live_submissions(self, study: str, stale_after: float = STALE_AFTER_S) -> list[SubmissionRow]:
-        dead = {r.id for r in self.dead_submissions(study, stale_after)}
-        with self.session() as s:
-            rows = s.scalars(
-                select(SubmissionRow).where(SubmissionRow.study == study, SubmissionRow.ended_at.is_(None))
-            )
-            return [r for r in rows if r.id not in dead]
+    @staticmethod
+    def _is_dead(row: SubmissionRow, stale_after: float) -> bool:
+        cutoff = utcnow() - timedelta(seconds=stale_after)
+        return _aware(row.heartbeat_at) < cutoff or (row.host == socket.gethostname() and not _pid_alive(row.pid))
 
     def claim(
         self,
@@ -293,10 +293,6 @@ class Ledger:
                 sub.ended_at = utcnow()
         return [r.trial_key for r in unfinished]
 
-    def end_dead_submission(self, submission: str) -> list[str]:
-        """Close a submission whose process died (kill -9): like `release`, but nothing was told to stop."""
-        return self.release(submission)
-
     # --- one trial's attempts ------------------------------------------------------------------
 
     def start_attempt(
@@ -355,6 +351,18 @@ class Ledger:
                 longform.write_metrics(s, r.study, trial_key, metrics)
             message = (error or "").strip().splitlines()[0] if error else None
             self._end_open_attempts(s, [trial_key], status, message, failure_class, traceback_artifact)
+
+    def set_trial_run(self, trial_key: str, run_id: str) -> None:
+        """Name the trial's MLflow run. It stays dirty: the run holds nothing yet, and a sync stopped
+        now continues it instead of making a second one."""
+        with self.session() as s, s.begin():
+            s.execute(
+                update(TrialRow).where(TrialRow.trial_key == trial_key).values(mlflow_run_id=run_id, mlflow_dirty=True)
+            )
+
+    def set_traceback_artifact(self, attempt_id: int, path: str) -> None:
+        with self.session() as s, s.begin():
+            s.get(AttemptRow, attempt_id).traceback_artifact = path
 
     def set_mlflow_dirty(self, trial_key: str, dirty: bool = True) -> None:
         with self.session() as s, s.begin():
@@ -435,15 +443,16 @@ class Ledger:
     def stale_keys(self, study: str | None = None, stale_after: float = STALE_AFTER_S) -> set[str]:
         """Unfinished trials nobody is running: held by a dead submission, or `running` with no holder
         (left by a driver from before leases existed). `resume` runs them; `status` shows them."""
+        with self.session() as s:
+            return set(s.scalars(select(TrialRow.trial_key).where(self._stale(study, stale_after))))
+
+    def _stale(self, study: str | None, stale_after: float):
         dead = [r.id for r in self.dead_submissions(study, stale_after)]
-        q = select(TrialRow.trial_key).where(
+        where = and_(
             TrialRow.status.in_(("pending", "running")),
             or_(TrialRow.owner.in_(dead), and_(TrialRow.status == "running", TrialRow.owner.is_(None))),
         )
-        if study is not None:
-            q = q.where(TrialRow.study == study)
-        with self.session() as s:
-            return set(s.scalars(q))
+        return where if study is None else and_(where, TrialRow.study == study)
 
     def status_counts(self, study: str | None = None, stale_after: float = STALE_AFTER_S) -> dict[str, Counter]:
         """Trials per status per study; `stale` counts unfinished trials whose holder is gone."""
@@ -451,15 +460,18 @@ class Ledger:
         if study is not None:
             self.get_study(study)
             q = q.where(TrialRow.study == study)
+        stale = (
+            select(TrialRow.study, TrialRow.status, func.count())
+            .where(self._stale(study, stale_after))
+            .group_by(TrialRow.study, TrialRow.status)
+        )
         out: dict[str, Counter] = {}
         with self.session() as s:
             for name, status, n in s.execute(q):
                 out.setdefault(name, Counter({k: 0 for k in (*STATUSES, "stale")}))[status] = n
-        stale = self.stale_keys(study, stale_after)
-        if stale:
-            for t in self.trials_by_key(sorted(stale)):
-                out[t.study][t.status] -= 1
-                out[t.study]["stale"] += 1
+            for name, status, n in s.execute(stale):
+                out[name][status] -= n
+                out[name]["stale"] += n
         return out
 
     def trials_by_key(self, keys: list[str]) -> list[TrialRow]:

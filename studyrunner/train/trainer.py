@@ -115,7 +115,7 @@ def run_trial(
         raise
     finally:
         trial.stop_prefetch()
-    return final_metrics(trial, progress)
+    return summary_metrics(trial, progress)
 
 
 def _train(trial: TrialSetup, progress: Progress, store: Checkpoints | None, reporter: Reporter) -> None:
@@ -234,14 +234,9 @@ def train_step(trial: TrialSetup, progress: Progress) -> tuple[float, int]:
     return lr, tokens
 
 
-def final_metrics(trial: TrialSetup, progress: Progress) -> dict[str, float]:
-    """The latest value of every reported name, the static facts and whole-run throughput."""
-    return summary_metrics(trial, progress)
-
-
 def summary_metrics(trial: TrialSetup, progress: Progress) -> dict[str, float]:
-    """`final_metrics` of the steps taken so far (all of them once the trial finished); throughput is
-    left out while no step has been timed."""
+    """The latest value of every reported name, the static facts and throughput, over the steps taken
+    so far: a trial's final metrics once it finished. Throughput is left out while no step was timed."""
     final = {**progress.last, **trial.static}
     if progress.step > 0 and progress.total_time > 0:
         final["step_time_ms"] = 1000 * progress.total_time / progress.step

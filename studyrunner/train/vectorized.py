@@ -63,7 +63,7 @@ from .prefetch import Prefetcher, prefetch_enabled
 from .progress import Progress
 from .reporter import Reporter, send_facts, send_start, send_tick
 from .schedules import aux_weights
-from .trainer import TrialSetup, build_trial, final_metrics, summary_metrics
+from .trainer import TrialSetup, build_trial, summary_metrics
 
 __all__ = ["KNOB", "check_vectorizable", "run_trials_together"]
 
@@ -178,7 +178,7 @@ def run_trials_together(
         group.stop_prefetch()
     for i in range(len(trials)):
         group.load_into(i)  # each seed's model ends with its trained weights
-    return [o if o is not None else final_metrics(trials[i], progress[i]) for i, o in enumerate(outcome)]
+    return [o if o is not None else summary_metrics(trials[i], progress[i]) for i, o in enumerate(outcome)]
 
 
 def _log(reporter: Reporter, step: int, record: dict[str, float]) -> None:

@@ -61,12 +61,18 @@ def user_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        _footer.clear()
         try:
-            return fn(*args, **kwargs)
+            value = fn(*args, **kwargs)
+            _print_footer()
+            return value
+        except typer.Exit:
+            _print_footer()  # a verdict (verify's exit 1), not an error
+            raise
         except StudyrunnerError as exc:
             say_error(str(exc))
             raise typer.Exit(exc.exit_code) from None
-        except (typer.Exit, typer.Abort, typer.BadParameter, KeyboardInterrupt, SystemExit):
+        except (typer.Abort, typer.BadParameter, KeyboardInterrupt, SystemExit):
             raise  # click's own usage errors (a bad option value) print as usual, exit 2
         except Exception as exc:  # noqa: BLE001 - the boundary itself
             if os.environ.get("STUDYRUNNER_DEBUG"):
@@ -76,6 +82,16 @@ def user_errors(fn):
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+# Lines printed once a command has done its work (which ledger a read verb read), so that an error stays one line.
+_footer: list[str] = []
+
+
+def _print_footer() -> None:
+    for line in dict.fromkeys(_footer):
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
+    _footer.clear()
 
 
 def _warn(lines: list[str]) -> None:
@@ -105,7 +121,22 @@ def _workspace(
 ):
     from .workspace import Workspace
 
-    return Workspace.resolve(workspace, db=db, tracking_uri=tracking_uri, storage=storage)
+    ws = Workspace.resolve(workspace, db=db, tracking_uri=tracking_uri, storage=storage)
+    for line in ws.ignored_env:
+        err.print(Text.assemble(("note: ", "cyan"), line), highlight=False, soft_wrap=True)
+    return ws
+
+
+def _reader(ws):
+    """The ledger of `ws` for a read verb: opened without writing anything, and said which it is read from
+    (on stderr, so a verb's output on stdout stays clean)."""
+    from .store import Ledger
+
+    ledger = Ledger(ws.db_url, create=False, read_only=True)
+    _footer.append(f"read from ledger {ws.db_url}")
+    if ledger.read_note:
+        err.print(Text.assemble(("note: ", "cyan"), ledger.read_note), highlight=False, soft_wrap=True)
+    return ledger
 
 
 AddressOpt = Annotated[
@@ -174,7 +205,6 @@ def submit(
         lambda: run(compiled, ws, options=_options(address, max_concurrent, max_failures, progress), console=err),
         ws,
         compiled.study.name,
-        f"studyrunner resume {compiled.study.name}",
     )
 
 
@@ -192,8 +222,10 @@ def _renamed(study, name: str):
     return renamed
 
 
-def _run_and_report(run, ws, study_name: str, resume_hint: str) -> None:
-    """Run a submit/resume/rerun and say what happened; exit 130 when interrupted, 1 when trials failed."""
+def _run_and_report(run, ws, study_name: str) -> None:
+    """Run a submit/resume/rerun and say what happened; exit 130 when interrupted, 1 when trials failed or
+    a `cancel` stopped it. Every command it prints names the stores the user gave."""
+    resume_hint = ws.hint("resume", study_name)
     try:
         result = run()
     except KeyboardInterrupt:  # before Ray Tune took over, or a second Ctrl-C: the ledger is released
@@ -212,12 +244,15 @@ def _run_and_report(run, ws, study_name: str, resume_hint: str) -> None:
     else:
         err.print(f"{escape(result.study)}: nothing to run")
     _print_summary(ws, study_name)
-    err.print(f"ledger: {ws.db_url}\nMLflow: {ws.tracking_uri}  (studyrunner ui)", markup=False, highlight=False)
+    err.print(f"ledger: {ws.db_url}\nMLflow: {ws.tracking_uri}  ({ws.hint('ui')})", markup=False, highlight=False)
     if result.interrupted:
         err.print(f"resume with: {resume_hint}  (runs only what has not finished)", markup=False)
         raise typer.Exit(130)
+    if result.cancelled:
+        err.print(f"cancelled; to run them after all: {ws.hint('resume', study_name)}", markup=False)
+        raise typer.Exit(1)
     if result.failed:
-        err.print(f"see errors: studyrunner status {result.study}", markup=False)
+        err.print(f"see errors: {ws.hint('status', result.study)}", markup=False)
         raise typer.Exit(1)
 
 
@@ -240,7 +275,7 @@ def resume(
 
     ws = _workspace(workspace, db, tracking_uri, storage)
     options = _options(address, max_concurrent, max_failures, progress, stale_after)
-    _run_and_report(lambda: run(study, ws, options=options, console=err), ws, study, f"studyrunner resume {study}")
+    _run_and_report(lambda: run(study, ws, options=options, console=err), ws, study)
 
 
 @app.command()
@@ -278,9 +313,7 @@ def rerun(
     select = RerunSelection(failed, diverged, missing, stale, cancelled, seed_list, tuple(cell or ()), fresh)
     ws = _workspace(workspace, db, tracking_uri, storage)
     options = _options(address, max_concurrent, max_failures, progress, stale_after)
-    _run_and_report(
-        lambda: run(study, ws, select, options=options, console=err), ws, study, f"studyrunner resume {study}"
-    )
+    _run_and_report(lambda: run(study, ws, select, options=options, console=err), ws, study)
 
 
 @app.command()
@@ -384,10 +417,11 @@ def status(
     stale_after: StaleOpt = None,
 ):
     """Trials per status, per study; then each failed or diverged trial with its class and first error line."""
-    from .store import STATUSES, Ledger
+    from .store import STATUSES
     from .store.ledger import STALE_AFTER_S
 
-    ledger = Ledger(_workspace(workspace, db).db_url, create=False)
+    ws = _workspace(workspace, db)
+    ledger = _reader(ws)
     counts = ledger.status_counts(study, STALE_AFTER_S if stale_after is None else stale_after)
     if not counts:
         out.print("no studies in the ledger yet; run: studyrunner submit FILE")
@@ -411,9 +445,9 @@ def status(
         table.add_row(Text(name), *cells, str(sum(c.values())))
     out.print(table)
     _print_failures(ledger, sorted(counts))
-    stale = sum(c["stale"] for c in counts.values())
-    if stale:
-        out.print(f"{stale} trials are stale (their submit died): studyrunner resume STUDY", markup=False)
+    stale = {name: c["stale"] for name, c in counts.items() if c["stale"]}
+    for name, n in sorted(stale.items()):
+        out.print(f"{n} trials of {name} are stale (their submit died): {ws.hint('resume', name)}", markup=False)
 
 
 def _print_failures(ledger, studies: list[str], limit: int = 50) -> None:
@@ -463,13 +497,12 @@ def results(
     """One row per trial: identity, status, flattened config and final metrics (several studies: one after
     the other, columns joined)."""
     from .results import filter_where, studies_frame
-    from .store import Ledger
 
     if format is Format.parquet and out_path is None:
         raise StudyrunnerError("--format parquet writes a binary file: add --out PATH.parquet")
     if out_path is not None:
         _check_out_path(out_path)
-    df = studies_frame(Ledger(_workspace(workspace, db).db_url, create=False), study or [])
+    df = studies_frame(_reader(_workspace(workspace, db)), study or [])
     if where is not None:
         df = filter_where(df, where, option="--where")
     try:
@@ -574,12 +607,10 @@ def analyze(
     storage: StorageOpt = None,
 ):
     """Seed statistics per cell, scaling fits against effective depth, paired comparisons, claims."""
-    from .analysis import data as analysis_data
     from .analysis.present import print_analysis, write_json
     from .analysis.summary import analyze as run_analysis
 
-    loaded = analysis_data.load(study, db=db, workspace=workspace, storage=storage)
-    _warn(loaded.warnings)
+    loaded = _load_study(study, db, workspace, storage)
     result = run_analysis(loaded, metric=metric, by=by, threshold=threshold)
     if format is AnalysisFormat.json:
         write_json(result.to_dict())
@@ -602,11 +633,9 @@ def verify(
 ):
     """Check the study's claims: supported, contradicted or inconclusive (exit 1 if one is contradicted)."""
     from .analysis import claims as analysis_claims
-    from .analysis import data as analysis_data
     from .analysis.present import verdicts_table, write_json
 
-    loaded = analysis_data.load(study, db=db, workspace=workspace, storage=storage)
-    _warn(loaded.warnings)
+    loaded = _load_study(study, db, workspace, storage)
     if not loaded.claims:
         raise StudyrunnerError(f"study {loaded.name!r} declares no claims; add a `claims:` list to its study file")
     verdicts = analysis_claims.verify(loaded)
@@ -628,7 +657,7 @@ def verify(
 def report(
     study: StudyArg,
     out_dir: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Folder for the report [default: WORKSPACE/reports].")
+        str | None, typer.Option("--out", "-o", help="Folder for the report [default: WORKSPACE/reports].")
     ] = None,
     ui_url: Annotated[
         str | None, typer.Option("--ui-url", help="MLflow UI address for run links [default: http://127.0.0.1:5000].")
@@ -640,21 +669,55 @@ def report(
     tracking_uri: TrackingOpt = None,
 ):
     """Write one self-contained HTML report (plots inline, no network) with the cell, fit and claim tables."""
-    from .analysis import data as analysis_data
     from .analysis.mlflow_ui import log_study_run
     from .analysis.report import write_report
 
     ws = _workspace(workspace, db, tracking_uri, storage)
-    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
-        raise StudyrunnerError(f"--out: {str(out_dir)!r} is a file; give a folder")
-    loaded = analysis_data.load(study, db=db, workspace=workspace, storage=storage)
-    _warn(loaded.warnings)
+    folder = _report_folder(out_dir, ws)
+    loaded = _load_study(study, db, workspace, storage, ws)
     ui_base = ui_url or (ws.tracking_uri if ws.tracking_uri.startswith(("http://", "https://")) else None)
-    written = write_report(loaded, out_dir or ws.root / "reports", ui=ui_base)
+    written = write_report(loaded, folder, ui=ui_base)
     err.print(f"wrote {written[0]}", markup=False, highlight=False)
     if mlflow and loaded.experiment_id:
-        run_id = log_study_run(ws.tracking_uri, loaded.name, loaded.experiment_id, written)
+        try:
+            run_id = log_study_run(ws.tracking_uri, loaded.name, loaded.experiment_id, written)
+        except Exception as exc:  # noqa: BLE001 - the report is written; MLflow (read-only, down) is optional
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            _warn([f"could not log the report to MLflow at {ws.tracking_uri} ({first}); --no-mlflow skips it"])
+            return
         err.print(f"logged to MLflow run {run_id} (experiment {loaded.experiment_id})", markup=False, highlight=False)
+
+
+def _report_folder(out: str | None, ws) -> Path:
+    """Where `report` writes, checked before any work: a folder it can write (made if missing)."""
+    if out is not None and not out.strip():
+        raise StudyrunnerError("--out: an empty path names no folder; give one, or leave --out out")
+    folder = Path(out).expanduser() if out is not None else ws.root / "reports"
+    option = "--out" if out is not None else "the workspace's reports/ folder (--out)"
+    if folder.exists() and not folder.is_dir():
+        raise StudyrunnerError(f"{option}: {str(folder)!r} is a file; give a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".studyrunner-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise StudyrunnerError(
+            f"{option}: cannot write to {str(folder)!r} ({exc.strerror or exc}); give a writable folder with --out"
+        ) from None
+    return folder
+
+
+def _load_study(study: str, db: str | None, workspace: Path | None, storage: str | None, ws=None):
+    """A study for the analysis verbs, read without writing; says which ledger, and what it left out."""
+    from .analysis import data as analysis_data
+
+    ws = ws or _workspace(workspace, db, storage=storage)
+    _footer.append(f"read from ledger {ws.db_url}")
+    loaded = analysis_data.load(study, db=ws.db_url, workspace=ws.root, storage=ws.storage)
+    loaded.on_warning = lambda line: _warn([line])
+    _warn(loaded.warnings)
+    return loaded
 
 
 @app.command()
@@ -699,7 +762,7 @@ def _experiments(db_url: str, study: str | None) -> list[tuple[str, str]]:
     from .store import Ledger
 
     try:
-        ledger = Ledger(db_url, create=False)
+        ledger = Ledger(db_url, create=False, read_only=True)
     except StudyrunnerError:
         if study is not None:
             raise
@@ -714,14 +777,12 @@ db_app = typer.Typer(
 app.add_typer(db_app, name="db")
 
 
-def _db_engine(workspace: Path | None, db: str | None):
-    from .store.db import make_engine
+def _db_engine(workspace: Path | None, db: str | None, *, read_only: bool):
+    from .store.ledger import database_errors, open_engine
 
-    ws = _workspace(workspace, db)
-    path = ws.db_url.removeprefix("sqlite:///") if ws.db_url.startswith("sqlite:///") else None
-    if path is not None and not Path(path).is_file():
-        raise StudyrunnerError(f"no results ledger at {path!r} (check --db / --workspace / STUDYRUNNER_HOME)")
-    return ws.db_url, make_engine(ws.db_url)
+    url = _workspace(workspace, db).db_url
+    engine, _mode = open_engine(url, read_only=read_only)
+    return url, engine, database_errors(url)
 
 
 @db_app.command("current")
@@ -730,10 +791,14 @@ def db_current(db: DbOpt = None, workspace: WorkspaceOpt = None):
     """Print the ledger's schema revision and the one this version of studyrunner needs."""
     from .store import schema as ledger_schema
 
-    url, engine = _db_engine(workspace, db)
-    out.print(
-        f"{url}: revision {ledger_schema.current(engine)} (this studyrunner: {ledger_schema.head()})", markup=False
-    )
+    url, engine, errors = _db_engine(workspace, db, read_only=True)
+    with errors:
+        revision = ledger_schema.current(engine, url)
+    if revision is None:
+        raise StudyrunnerError(f"{url!r} holds no studyrunner ledger (an empty database; `submit` creates one)")
+    newest = ledger_schema.head()
+    state = "current" if revision == newest else f"older: run {_db_hint(workspace, db, 'upgrade')}"
+    out.print(f"{url}: revision {revision} (this studyrunner: {newest}; {state})", markup=False)
 
 
 @db_app.command("upgrade")
@@ -742,10 +807,22 @@ def db_upgrade(db: DbOpt = None, workspace: WorkspaceOpt = None):
     """Upgrade an existing ledger to the schema this studyrunner needs (keeps every row)."""
     from .store import schema as ledger_schema
 
-    url, engine = _db_engine(workspace, db)
-    before, after = ledger_schema.upgrade(engine)
+    url, engine, errors = _db_engine(workspace, db, read_only=False)
+    with errors:
+        if ledger_schema.current(engine, url) is None:
+            raise StudyrunnerError(
+                f"{url!r} holds no studyrunner ledger: nothing to upgrade (`studyrunner submit` creates a new one)"
+            )
+        before, after = ledger_schema.upgrade(engine, url)
     message = "already at" if before == after else f"upgraded from {before} to"
     err.print(f"{url}: {message} revision {after}", markup=False)
+
+
+def _db_hint(workspace: Path | None, db: str | None, verb: str) -> str:
+    flags = tuple((k, str(v)) for k, v in (("--workspace", workspace), ("--db", db)) if v)
+    from .workspace import hint
+
+    return hint("db", verb, flags=flags)
 
 
 @app.command("sync-mlflow")
@@ -757,7 +834,10 @@ def sync_mlflow(
     storage: StorageOpt = None,
     workspace: WorkspaceOpt = None,
 ):
-    """Backfill MLflow from the ledger and curves (after MLflow was unreachable mid-study); safe to rerun."""
+    """Find and mend what MLflow and the curves lack of a study's trials (after MLflow was unreachable, or a
+    driver died): missing runs and points, statuses, curves rebuilt from checkpoints. Safe to rerun."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
     from .orchestrate.mlflow_sync import sync_mlflow as sync
     from .orchestrate.tracking import Tracker
     from .store import CurveStore, Ledger
@@ -766,15 +846,29 @@ def sync_mlflow(
     ledger = Ledger(ws.db_url, create=False)
     ledger.get_study(study)  # an unknown study fails before MLflow is touched
     tracker = Tracker(ws.tracking_uri)
-    curves = CurveStore(ws.storage)
-    report = sync(ledger, tracker, curves, study, console=err, artifact_location=ws.artifact_location(study))
+    with Progress(TextColumn("auditing trials"), BarColumn(), MofNCompleteColumn(), console=err, transient=True) as bar:
+        task = bar.add_task("audit", total=None)
+        report = sync(
+            ledger,
+            tracker,
+            CurveStore(ws.storage),
+            study,
+            console=err,
+            artifact_location=ws.artifact_location(study),
+            storage=ws.storage,
+            on_trial=lambda done, total: bar.update(task, completed=done, total=total),
+            again=ws.hint("sync-mlflow", study),
+        )
+    _warn(report.problems)
     if not report.changed:
-        out.print(f"{study}: MLflow already has every trial (experiment {report.experiment_id})", markup=False)
+        agree = f"{study}: MLflow and the curves agree with the ledger (experiment {report.experiment_id})"
+        out.print(agree, markup=False)
         return
     out.print(
-        f"{study}: synced {report.trials_synced} trials: {report.runs_created} runs created, "
+        f"{study}: mended {report.trials_synced} trials: {report.runs_created} runs created, "
         f"{report.runs_continued} continued, {report.cell_runs_created} cell runs created, "
-        f"{report.points_logged} metric points backfilled (experiment {report.experiment_id})",
+        f"{report.points_logged} metric points backfilled, {report.statuses_set} run statuses set, "
+        f"{report.curves_rebuilt} curves rebuilt from checkpoints (experiment {report.experiment_id})",
         markup=False,
         highlight=False,
     )

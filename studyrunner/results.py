@@ -104,7 +104,7 @@ def studies_frame(ledger: Ledger, studies: Sequence[str] = ()) -> pd.DataFrame:
 
 def load(study: str, db: str | None = None, workspace: str | None = None) -> pd.DataFrame:
     """One row per trial of `study` from the ledger (default: the workspace's SQLite)."""
-    return trials_frame(Ledger(Workspace.resolve(workspace, db=db).db_url), study)
+    return trials_frame(Ledger(Workspace.resolve(workspace, db=db).db_url, create=False, read_only=True), study)
 
 
 def load_many(
@@ -115,7 +115,7 @@ def load_many(
 ) -> pd.DataFrame:
     """One row per trial of several studies (none named: every study in the ledger), keeping only the
     trials `where` holds for, e.g. ``load_many(where="loops >= 4 and eval_accuracy > 0.6")``."""
-    df = studies_frame(Ledger(Workspace.resolve(workspace, db=db).db_url, create=False), studies)
+    df = studies_frame(Ledger(Workspace.resolve(workspace, db=db).db_url, create=False, read_only=True), studies)
     return filter_where(df, where) if where else df
 
 
@@ -125,18 +125,19 @@ def curves(study: str, storage: str | None = None, workspace: str | None = None)
 
 
 def cell_summary(df: pd.DataFrame, metric: str, mode: str = "max") -> pd.DataFrame:
-    """Per cell: mean, std and count of `metric` over succeeded seeds, and how many seeds failed;
-    best cell first by `mode`."""
+    """Per cell: mean, std and count of `metric` over succeeded seeds, and how many seeds failed (status
+    failed or diverged: a diverged seed did not succeed either); best cell first by `mode`."""
     columns = ["cell", "mean", "std", "seeds", "failed"]
     if df.empty:
         return pd.DataFrame(columns=columns)
     values = df[metric].where(df.status == "succeeded") if metric in df.columns else pd.Series(float("nan"), df.index)
-    if values.isna().all() and not (df.status == "failed").any():
+    failed = df.status.isin(("failed", "diverged"))
+    if values.isna().all() and not failed.any():
         return pd.DataFrame(columns=columns)  # nothing reported yet, and nothing failed
     grouped = values.groupby(df["cell"], sort=False)
     stats = grouped.agg(["mean", "std", "count"]).rename(columns={"count": "seeds"})
     # Cells whose seeds all failed stay in the table (mean NaN), with their failure count.
-    stats["failed"] = (df.status == "failed").groupby(df["cell"], sort=False).sum().astype(int)
+    stats["failed"] = failed.groupby(df["cell"], sort=False).sum().astype(int)
     stats = stats.sort_values("mean", ascending=(mode == "min"), na_position="last")
     return stats.reset_index()[columns]
 

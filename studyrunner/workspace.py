@@ -12,6 +12,7 @@ One folder per project (default `./.studyrunner`, or `$STUDYRUNNER_HOME`) holds:
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,12 +21,20 @@ from .errors import StudyrunnerError
 TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file", "databricks")
 
 
+ENV = {"--db": "STUDYRUNNER_DB", "--tracking-uri": "MLFLOW_TRACKING_URI", "--storage": "STUDYRUNNER_STORAGE"}
+
+
 @dataclass(frozen=True)
 class Workspace:
     root: Path
     db_url: str
     tracking_uri: str
     storage: str  # a local folder or a pyarrow filesystem URI (s3://..., gs://...)
+    # The locations the user named on the command line (option -> value): the hints a command prints
+    # (`resume with: ...`) repeat them, so following a hint reaches the same stores.
+    flags: tuple[tuple[str, str], ...] = ()
+    # Environment variables not used because an explicit --workspace names the stores (one note each).
+    ignored_env: tuple[str, ...] = ()
 
     @classmethod
     def resolve(
@@ -36,21 +45,44 @@ class Workspace:
         storage: str | None = None,
     ) -> Workspace:
         """The workspace the options and environment name; every location is checked for form (a
-        local folder that is a file, an in-memory SQLite URL, an unknown scheme) but nothing is created."""
+        local folder that is a file, an in-memory SQLite URL, an unknown scheme) but nothing is created.
+
+        An explicit option wins over the environment, and an explicit `root` (--workspace) means the stores
+        in it: STUDYRUNNER_DB, MLFLOW_TRACKING_URI and STUDYRUNNER_STORAGE then apply only where the matching
+        option is given (a workspace from STUDYRUNNER_HOME keeps them)."""
         home = Path(root or os.environ.get("STUDYRUNNER_HOME") or ".studyrunner").expanduser().resolve()
         if home.exists() and not home.is_dir():
             raise StudyrunnerError(
                 f"workspace {str(home)!r} is a file, not a folder (check --workspace / STUDYRUNNER_HOME)"
             )
+        given = {"--workspace": str(root) if root else None, "--db": db, "--tracking-uri": tracking_uri}
+        given["--storage"] = storage
+        ignored = []
+
+        def pick(option: str, value: str | None, default: str) -> str:
+            env = os.environ.get(ENV[option])
+            if value:
+                return value
+            if env and root:
+                ignored.append(f"--workspace given, so {ENV[option]}={env} is not used (pass {option} to use it)")
+                return default
+            return env or default
+
         ws = cls(
             root=home,
-            db_url=db or os.environ.get("STUDYRUNNER_DB") or f"sqlite:///{home / 'ledger.db'}",
-            tracking_uri=tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home / 'mlflow.db'}",
-            storage=storage or os.environ.get("STUDYRUNNER_STORAGE") or str(home),
+            db_url=pick("--db", db, f"sqlite:///{home / 'ledger.db'}"),
+            tracking_uri=pick("--tracking-uri", tracking_uri, f"sqlite:///{home / 'mlflow.db'}"),
+            storage=pick("--storage", storage, str(home)),
+            flags=tuple((k, v) for k, v in given.items() if v),
+            ignored_env=tuple(ignored),
         )
         check_sqlite_url(ws.db_url, "--db / STUDYRUNNER_DB")
         check_tracking_uri(ws.tracking_uri)
         return ws
+
+    def hint(self, verb: str, *args: str) -> str:
+        """`studyrunner VERB ARGS` with the locations the user gave, e.g. `studyrunner resume s --workspace w`."""
+        return hint(verb, *args, flags=self.flags)
 
     def check_storage(self) -> None:
         """Before anything is written: the storage location can be opened and written to."""
@@ -73,6 +105,17 @@ class Workspace:
         if self.is_local_storage:
             return str(Path(self.storage.removeprefix("file://")) / "ray")
         return f"{self.storage.rstrip('/')}/ray"
+
+
+def hint(verb: str, *args: str, flags: tuple[tuple[str, str], ...] = ()) -> str:
+    """A command line to print for the user: `studyrunner VERB ARGS --option value ...` (shell-quoted)."""
+    words = ["studyrunner", verb, *args, *(w for pair in flags for w in pair)]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def checkpoint_location(storage: str, study: str, trial_key: str) -> str:
+    """Where a trial's checkpoints live: under the study's storage, so any node can resume it."""
+    return f"{storage.rstrip('/')}/checkpoints/{study}/{trial_key}"
 
 
 def _first_line(exc: BaseException) -> str:

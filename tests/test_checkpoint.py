@@ -106,8 +106,9 @@ def test_interrupted_and_resumed_ends_bit_identical(tmp_path, family, every, at,
     expected_final, expected_rows = uninterrupted(family)
     assert strip(final) == expected_final  # ==, not approx
     assert set(final) == set(expected_final) | TIMING
-    # records from the checkpoint on are the uninterrupted run's; those before it are not resent
-    assert [strip(row) for row in reporter.rows] == [r for r in expected_rows if r["step"] > resumes_at]
+    # the resumed attempt's records are the uninterrupted run's: up to its checkpoint replayed from the
+    # checkpoint (a driver that died may have missed them), after it computed again
+    assert [strip(row) for row in reporter.rows] == expected_rows
     assert reporter.notes == [
         f"resuming from checkpoint {tmp_path}/{checkpoint_name(resumes_at)} at step {resumes_at} of 12"
     ]
@@ -132,10 +133,13 @@ def test_a_finished_trial_resumes_at_its_end(tmp_path):
     cfg = config()
     first = run_trial(cfg, 0, checkpoints=tmp_path)
     assert steps_in(tmp_path) == [11, 12]  # checkpoint_every unset: every max(1, 12 // 10) steps, newest 2
+    first_rows = MemoryReporter()
+    run_trial(cfg, 0, first_rows, checkpoints=tmp_path / "again")
     reporter = MemoryReporter()
     again = run_trial(cfg, 0, reporter, checkpoints=tmp_path)
     assert again == first  # timings included: they are the checkpoint's totals
-    assert reporter.rows == []
+    # nothing is trained again; the whole curve is replayed from the final checkpoint
+    assert [r["step"] for r in reporter.rows] == [r["step"] for r in first_rows.rows] == [0, 3, 6, 9, 12]
 
 
 def corrupt(path, how):
@@ -160,7 +164,8 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, ho
     assert strip(final) == uninterrupted("looped")[0]
     assert "is unusable" in reporter.notes[0]
     assert reporter.notes[1].endswith("at step 4 of 12 (1 newer unusable: step-000000008.ckpt)")
-    assert reporter.rows[0]["step"] == 6
+    # replayed from the step-4 checkpoint up to it, then trained again from step 4 on
+    assert [strip(r) for r in reporter.rows] == uninterrupted("looped")[1]
     assert steps_in(tmp_path) == [8, 12]  # the corrupt one was replaced on the way
 
 

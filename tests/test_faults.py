@@ -258,7 +258,7 @@ def test_cancel_from_another_terminal_stops_the_study(tmp_path):
     code, output = finish(cli("cancel", "cancelme", workspace=ws), timeout=60)
     assert code == 0 and "asked 1 running submit" in output, output
     code, output = finish(driver, timeout=120)
-    assert code == 0, output
+    assert code == 1 and "cancelled; to run them after all: studyrunner resume cancelme" in output, output
     rows = Ledger(f"sqlite:///{ws / 'ledger.db'}", create=False).trials("cancelme")
     assert {r.status for r in rows} == {"cancelled"}
     runs = trial_runs(Workspace.resolve(ws), "cancelme")

@@ -114,11 +114,21 @@ def test_leases_give_each_trial_to_one_submission(ledger):
     assert sorted(ledger.claim("tiny", keys, b)) == sorted(keys[1:])  # succeeded trials are never claimed
 
 
-def test_a_silent_submission_loses_its_leases(ledger):
+def _set_submission(ledger: Ledger, sid: str, **values) -> None:
+    from sqlalchemy import update
+
+    from studyrunner.store.db import SubmissionRow
+
+    with ledger.session() as s, s.begin():
+        s.execute(update(SubmissionRow).where(SubmissionRow.id == sid).values(**values))
+
+
+def test_a_silent_submission_on_another_host_loses_its_leases(ledger):
     compiled = compile_study(loads(TINY_STUDY))
     keys = [t.trial_key for t in compiled.trials]
     ledger.register(compiled)
     a = ledger.open_submission("tiny", "submit")
+    _set_submission(ledger, a, host="another-host")  # its process cannot be seen from here: heartbeats decide
     ledger.claim("tiny", keys, a)
     ledger.start_attempt(keys[0], a)
     b = ledger.open_submission("tiny", "resume")
@@ -132,6 +142,57 @@ def test_a_silent_submission_loses_its_leases(ledger):
     counts = ledger.status_counts("tiny", stale_after=0.2)["tiny"]
     assert counts["stale"] == 4 and counts["running"] == 0 and counts["pending"] == 0
     assert sorted(ledger.claim("tiny", keys, b, stale_after=0.2)) == sorted(keys)
+
+
+def test_on_this_host_the_process_decides_not_the_heartbeat(ledger):
+    """A live submit is never taken over, however stale its heartbeat (`--stale-after 0`); a dead one, or
+    one whose pid now belongs to a newer process, is stale at once."""
+    import subprocess
+    import sys
+    from datetime import timedelta
+
+    compiled = compile_study(loads(TINY_STUDY))
+    keys = [t.trial_key for t in compiled.trials]
+    ledger.register(compiled)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        a = ledger.open_submission("tiny", "submit")
+        _set_submission(ledger, a, pid=live.pid)
+        assert sorted(ledger.claim("tiny", keys, a)) == sorted(keys)
+        ledger.start_attempt(keys[0], a)
+        b = ledger.open_submission("tiny", "resume")
+        assert ledger.stale_keys("tiny", stale_after=0) == set()
+        assert ledger.claim("tiny", keys, b, stale_after=0) == []  # the live submit keeps every trial
+        assert ledger.status_counts("tiny", stale_after=0)["tiny"]["stale"] == 0
+
+        # the same pid held by a process that started after the submission did: a reused pid, not its process
+        from studyrunner.store.db import utcnow
+
+        _set_submission(ledger, a, started_at=utcnow() - timedelta(hours=1))
+        assert ledger.stale_keys("tiny", stale_after=3600) == set(keys)
+        _set_submission(ledger, a, started_at=utcnow())
+        assert ledger.stale_keys("tiny", stale_after=3600) == set()
+    finally:
+        live.kill()
+        live.wait()
+    assert ledger.stale_keys("tiny", stale_after=3600) == set(keys)  # its process is gone: stale at once
+    assert sorted(ledger.claim("tiny", keys, b, stale_after=3600)) == sorted(keys)
+
+
+def test_a_claim_keeps_a_finished_trials_outcome_until_an_attempt_starts(ledger):
+    """`rerun --diverged` that stops before the attempt starts (an error, Ctrl-C) loses nothing."""
+    compiled = compile_study(loads(TINY_STUDY))
+    key = compiled.trials[0].trial_key
+    ledger.register(compiled)
+    ledger.mark_running(key)
+    ledger.finish(key, "diverged", metrics={"train_loss": float("nan")}, error="nan at 5", failure_class="divergence")
+    sub = ledger.open_submission("tiny", "rerun")
+    assert ledger.claim("tiny", [key], sub, statuses=("diverged",)) == [key]
+    (row,) = ledger.trials("tiny", [key])
+    assert (row.status, row.owner, row.error) == ("diverged", sub, "nan at 5")
+    assert ledger.release(sub) == []
+    (row,) = ledger.trials("tiny", [key])
+    assert (row.status, row.owner, row.failure_class, row.error) == ("diverged", None, "divergence", "nan at 5")
 
 
 def test_cancel_marks_unheld_pending_trials(ledger):

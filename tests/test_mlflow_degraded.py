@@ -291,10 +291,12 @@ def test_sync_backfills_missing_runs_and_points_once(tmp_path):
     clean, no_run, dirty, deleted, cancelled, never = s.trials
     client = s.tracker.client
 
-    # clean: everything reached MLflow while it ran
+    # clean: everything reached MLflow while it ran (the curve, then the final metrics it lacks, as the driver
+    # logs them at the end)
     run_clean = s.new_run(clean)
     s.ledger.mark_running(clean.trial_key, run_clean)
     s.log(run_clean, clean.seed)
+    s.tracker.log_metrics(run_clean, 12, {"effective_depth": 1.0})
     s.curves.write("degraded", clean.trial_key, curve(clean.seed))
     s.ledger.mark_succeeded(clean.trial_key, final(clean.seed))
     s.tracker.set_outcome(run_clean, "succeeded")
@@ -538,10 +540,10 @@ def test_cli_sync_mlflow(tmp_path, server):
 
     done = cli(server.url)
     assert done.returncode == 0, done.stderr
-    assert "synced 1 trials: 1 runs created, 0 continued" in done.stdout
+    assert "mended 1 trials: 1 runs created, 0 continued" in done.stdout
     assert s.history(s.row(t.trial_key).mlflow_run_id) == FULL
     again = cli(server.url)
-    assert again.returncode == 0 and "MLflow already has every trial" in again.stdout
+    assert again.returncode == 0 and "MLflow and the curves agree with the ledger" in again.stdout
 
     server.kill()
     dead = cli(server.url)
@@ -628,15 +630,16 @@ def test_submit_survives_mlflow_dying_mid_study_and_sync_backfills(tmp_path, ser
     with_run = {k for k, r in before_kill.items() if r.mlflow_run_id}
     assert with_run and {k for k, r in rows.items() if r.mlflow_run_id} == with_run
     flat = " ".join(output.split())  # the console wraps long lines
-    assert flat.count("is unreachable") == 1 and f"run `studyrunner sync-mlflow {name}` afterwards" in flat
-    assert f"MLflow missed records of 4 trials (the ledger has them): studyrunner sync-mlflow {name}" in flat
+    again = f"studyrunner sync-mlflow {name} --tracking-uri {server.url}"  # hints carry the options given
+    assert flat.count("is unreachable") == 1 and f"run `{again}` afterwards" in flat
+    assert f"MLflow missed records of 4 trials (the ledger has them): {again}" in flat
 
     # the server comes back on the same port and store; sync-mlflow backfills
     server.start()
     code, synced = finish(cli("sync-mlflow", name, "--tracking-uri", server.url, workspace=ws), timeout=300)
     assert code == 0, synced
     flat = " ".join(synced.split())
-    assert f"synced 4 trials: {4 - len(with_run)} runs created, {len(with_run)} continued" in flat, synced
+    assert f"mended 4 trials: {4 - len(with_run)} runs created, {len(with_run)} continued" in flat, synced
     rows = {r.trial_key: r for r in ledger.trials(name)}
     assert not any(r.mlflow_dirty for r in rows.values())
     for key in with_run:
@@ -665,7 +668,59 @@ def test_submit_survives_mlflow_dying_mid_study_and_sync_backfills(tmp_path, ser
         assert len(done) == len(set(done))
 
     code, again = finish(cli("sync-mlflow", name, "--tracking-uri", server.url, workspace=ws), timeout=300)
-    assert code == 0 and "MLflow already has every trial" in again, again
+    assert code == 0 and "MLflow and the curves agree with the ledger" in again, again
     assert {r.data.tags["trial_key"]: _mlflow_histories(client, r.info.run_id) for r in runs} == histories
     assert len(client.search_runs([experiment.experiment_id], max_results=100)) == 6
     print(f"submit with MLflow killed at {killed_at:.1f} s took {took:.1f} s")
+
+
+def test_a_full_sync_finds_disagreements_no_flag_marks(tmp_path):
+    """A run left RUNNING though the ledger says succeeded, and a hole in a run's history, are found by the
+    audit even when nothing flagged the trial; the commands' closing sync (only_dirty) leaves such trials."""
+    s = Study(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    running, holed = s.trials[0], s.trials[1]
+    for t in (running, holed):
+        run_id = s.new_run(t)
+        s.ledger.mark_running(t.trial_key, run_id)
+        s.curves.write("degraded", t.trial_key, curve(t.seed))
+        s.ledger.mark_succeeded(t.trial_key, final(t.seed))
+        for row in curve(t.seed):
+            if t is running or row["step"] != 4:  # `holed` misses step 4
+                s.tracker.log_metrics(run_id, row["step"], metrics_of(row))
+        s.tracker.log_metrics(run_id, 12, {"effective_depth": 1.0})
+        if t is holed:
+            s.tracker.set_outcome(run_id, "succeeded")
+    assert not any(s.row(t.trial_key).mlflow_dirty for t in (running, holed))
+
+    quick = sync_mlflow(s.ledger, s.tracker, s.curves, "degraded", only_dirty=True)
+    assert not quick.changed
+    report = s.sync()
+    assert (report.trials_synced, report.statuses_set, report.runs_created) == (2, 2, 0)
+    assert s.tracker.client.get_run(s.row(running.trial_key).mlflow_run_id).info.status == "FINISHED"
+    assert s.history(s.row(holed.trial_key).mlflow_run_id) == FULL
+    assert not s.sync().changed
+
+
+def test_a_dead_submission_flags_every_trial_it_ran_for_the_audit(tmp_path):
+    s = Study(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    done, cut, untouched = s.trials[0], s.trials[1], s.trials[2]
+    sub = s.ledger.open_submission("degraded", "submit")
+    s.ledger.claim("degraded", [done.trial_key, cut.trial_key], sub)
+    for t in (done, cut):
+        s.ledger.start_attempt(t.trial_key, sub)
+    s.ledger.finish(done.trial_key, "succeeded", metrics=final(done.seed))
+    from studyrunner.orchestrate.submission import reap_dead
+
+    _set_submission_pid(s.ledger, sub, 2**22 + 12345)  # a pid no process has: the submit died
+    assert list(reap_dead(s.ledger, "degraded")) == [sub]
+    rows = {t.trial_key: s.row(t.trial_key) for t in (done, cut, untouched)}
+    assert rows[done.trial_key].mlflow_dirty and rows[cut.trial_key].mlflow_dirty
+    assert not rows[untouched.trial_key].mlflow_dirty
+    assert rows[done.trial_key].status == "succeeded" and rows[cut.trial_key].status == "pending"
+
+
+def _set_submission_pid(ledger: Ledger, sid: str, pid: int) -> None:
+    from studyrunner.store.db import SubmissionRow
+
+    with ledger.session() as s, s.begin():
+        s.execute(update(SubmissionRow).where(SubmissionRow.id == sid).values(pid=pid))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -45,6 +47,8 @@ class StudyData:
     curve_store: CurveStore | None = None
     cells_order: list[str] = field(default_factory=list)  # cell_hash in study order
     warnings: list[str] = field(default_factory=list)  # e.g. a cell whose seeds ran different code
+    # Told of what the analysis leaves out as it goes (an unreadable curve); default: a Python warning.
+    on_warning: Callable[[str], None] | None = None
 
     # --- derived views ----------------------------------------------------------------------------
 
@@ -67,7 +71,14 @@ class StudyData:
     def curves(self) -> pd.DataFrame:
         if self.curve_store is None:
             return pd.DataFrame(columns=["trial_key", "step"])
-        return self.curve_store.read_study(self.name)
+        return self.curve_store.read_study(self.name, warn=self._warn)
+
+    def _warn(self, line: str) -> None:
+        self.warnings.append(line)
+        if self.on_warning is not None:
+            self.on_warning(line)
+        else:
+            warnings.warn(line, stacklevel=3)
 
     def column_for(self, key: str) -> str:
         """The trial-frame column a selector key names: an alias, a dotted path or a unique leaf."""
@@ -180,7 +191,7 @@ def load(
     from ..workspace import Workspace
 
     ws = Workspace.resolve(workspace, db=db, storage=storage)
-    ledger = Ledger(ws.db_url, create=False)
+    ledger = Ledger(ws.db_url, create=False, read_only=True)
     spec, compiled = None, None
     path = Path(study)
     if path.suffix in (".yaml", ".yml") or path.is_file():
@@ -226,7 +237,7 @@ def load(
         source=str(path) if path.is_file() else f"ledger {ws.db_url}",
         curve_store=CurveStore(ws.storage),
         cells_order=order,
-        warnings=mixed_code_versions(trials, ledger.provenance(name)),
+        warnings=[*filter(None, [ledger.read_note]), *mixed_code_versions(trials, ledger.provenance(name))],
     )
 
 

@@ -9,6 +9,7 @@ runs URL this module builds.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from urllib.parse import quote
 
@@ -53,6 +54,9 @@ def log_study_run(tracking_uri: str, study: str, experiment_id: str | None, file
 
     if not experiment_id:
         raise StudyrunnerError(f"study {study!r} has no MLflow experiment yet (submit it first)")
+    store = Path(tracking_uri.removeprefix("sqlite:///")) if tracking_uri.startswith("sqlite:///") else None
+    if store is not None and not (os.access(store, os.W_OK) and os.access(store.parent, os.W_OK)):
+        raise StudyrunnerError(f"the MLflow store {str(store)!r} cannot be written (a read-only location)")
     try:
         client = MlflowClient(tracking_uri)
         mark_training_experiment(client, experiment_id)

@@ -6,6 +6,9 @@
                                            attempt: an infrastructure failure (retried, resumed from
                                            the last checkpoint)
     STUDYRUNNER_INJECT_NAN=GLOB@STEP       the train loss is NaN at STEP: the trial diverges
+    STUDYRUNNER_INJECT_DRIVER_KILL=GLOB@finish
+                                           the submitting process SIGKILLs itself while recording the
+                                           trial's end: after the ledger has its outcome, before MLflow
 
 Read by the driver, which passes each trial's faults in its payload (workers on other nodes do not
 share the driver's environment).
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import signal
 
 from ..errors import StudyrunnerError
 
@@ -45,3 +49,25 @@ def injections_for(trial_key: str) -> dict[str, int] | None:
             if fnmatch.fnmatchcase(trial_key, pattern):
                 found[name] = step
     return found or None
+
+
+DRIVER_POINTS = ("finish",)
+
+
+def driver_kills() -> list[tuple[str, str]]:
+    """(trial key glob, point) pairs of STUDYRUNNER_INJECT_DRIVER_KILL; a bad value is one line."""
+    rules = []
+    for item in filter(None, (p.strip() for p in os.environ.get("STUDYRUNNER_INJECT_DRIVER_KILL", "").split(","))):
+        pattern, _, point = item.rpartition("@")
+        if not pattern or point not in DRIVER_POINTS:
+            raise StudyrunnerError(
+                f"STUDYRUNNER_INJECT_DRIVER_KILL={item!r}: expected TRIAL_KEY_GLOB@POINT, POINT one of {DRIVER_POINTS}"
+            )
+        rules.append((pattern, point))
+    return rules
+
+
+def kill_driver_at(point: str, trial_key: str) -> None:
+    """SIGKILL this (the submitting) process if STUDYRUNNER_INJECT_DRIVER_KILL names `trial_key` at `point`."""
+    if any(at == point and fnmatch.fnmatchcase(trial_key, pattern) for pattern, at in driver_kills()):
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -53,13 +53,14 @@ class MlflowGuard:
         retry_after_s: float = RETRY_AFTER_S,
         *,
         study: str | None = None,
+        sync_hint: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         warn: Callable[[str], None] | None = None,
     ):
         bound_http_retries()  # a single call against a dead server fails within seconds, not minutes
         self.uri = getattr(tracker, "uri", "the tracking store")
         self.retry_after_s = retry_after_s
-        self.study = study or "STUDY"
+        self.sync_hint = sync_hint or f"studyrunner sync-mlflow {study or 'STUDY'}"
         self._clock = clock
         self._warn = warn or log.warning
         self._lock = threading.Lock()
@@ -129,7 +130,7 @@ class MlflowGuard:
         self.outages += 1
         return (
             f"MLflow at {self.uri} is unreachable ({first_line(exc)}): trials go on; the ledger keeps "
-            f"everything; run `studyrunner sync-mlflow {self.study}` afterwards"
+            f"everything; run `{self.sync_hint}` afterwards"
         )
 
     def _note_refusal(self, fn: Callable[..., Any], exc: Exception) -> str | None:

@@ -1,172 +1,65 @@
-"""`studyrunner sync-mlflow`: make MLflow show what the ledger and the Parquet curves hold.
+"""`studyrunner sync-mlflow` (and the end of every `submit`/`resume`/`rerun`): find and mend every way the
+ledger, the Parquet curves, the trial checkpoints and MLflow disagree about a study's trials.
 
-A trial needs it when MLflow missed something while it ran (`mlflow_dirty`: the driver's MlflowGuard
-found MLflow down), when it never got a run, or when its run is gone from the store. For each such trial
-the sync ensures the study's experiment, the cell's parent run and the trial's ONE run (the ledger's,
-continued, else a new one the ledger then names), logs the curve points the run lacks, compared per
-(metric, step) with the run's history so that running it again logs nothing, mirrors the ledger's status
-on the run, and clears the flag. Trials a live submit holds are left to it.
+The sources of truth are the ledger (status, final metrics) and each trial's checkpoint, which carries every
+record the trial made up to it (train/progress.py). Per trial that ever ran:
+
+- **curve**: missing, unreadable, or ending before the trial's newest checkpoint (a driver killed before it
+  wrote what its worker had checkpointed) -> written again from the checkpoint's records (an unreadable one
+  is set aside first, never deleted);
+- **run**: none, or gone from the store -> the one MLflow holds under the trial's key, else a new one the
+  ledger then names (one trial, one run);
+- **points**: every (metric, step) of the curve and every final metric the curve lacks, compared with the
+  run's history, so what is missing is logged and nothing twice (a second sync logs nothing);
+- **status**: the run's status and `status`/`failure_class` tags mirror the ledger's;
+- the error text of a failed trial as the traceback artifact the driver would have saved.
+
+A full sync audits every trial that ran (one history query per metric and trial); `only_dirty` (what the
+commands that run trials do at their end) looks only at trials flagged `mlflow_dirty` (MLflow was down, or
+the driver that ran them died), and asks MLflow nothing when none is. Trials a live submit holds are left
+to it. A driver that died is reaped first (its trials flagged), so its half-written records are found.
 """
 
 from __future__ import annotations
 
-import math
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
 
 from rich.console import Console
 
 from ..errors import StudyrunnerError
 from ..spec import Cell, Trial
 from ..store import CurveStore, Ledger
+from ..store.curves import CurveUnreadable
 from ..store.db import CellRow, StudyRow, TrialRow
+from ..workspace import checkpoint_location
 from .mlflow_guard import first_line
-from .tracking import Tracker, gone
-
-BATCH = 1000  # MLflow's per-request metric limit
+from .tracking import RUN_STATUS, Points, RunHistory, Tracker, final_points, gone, record_points
 
 
 @dataclass
 class SyncReport:
     study: str
     experiment_id: str = ""
-    trials_synced: int = 0
+    trials_synced: int = 0  # trials something was mended for
     runs_created: int = 0  # trial runs
-    runs_continued: int = 0
+    runs_continued: int = 0  # runs found again (by the ledger's id or their trial_key tag) and mended
     cell_runs_created: int = 0
     points_logged: int = 0  # metric points sent to MLflow (curves, final metrics, cell aggregates)
+    statuses_set: int = 0  # runs whose status did not mirror the ledger's
+    curves_rebuilt: int = 0  # curves written again from checkpoints
     held: list[str] = field(default_factory=list)  # trials a live submit is running: not touched
+    problems: list[str] = field(default_factory=list)  # what could not be mended, one line each
 
     @property
     def changed(self) -> bool:
-        return bool(self.trials_synced or self.cell_runs_created or self.points_logged)
-
-
-# --- what a trial needs -----------------------------------------------------------------------
+        return bool(self.trials_synced or self.cell_runs_created or self.points_logged or self.curves_rebuilt)
 
 
 def _ever_ran(row: TrialRow) -> bool:
     # A trial that never started has no run in a healthy study either (cancelled or pending before it ran).
     return bool(row.attempts or row.mlflow_run_id or row.mlflow_dirty or row.status in ("succeeded", "failed"))
-
-
-def _active_runs(client, experiment_id: str) -> set[str]:
-    """Every active run of the experiment, in a few paged queries instead of one get_run per trial."""
-    ids: set[str] = set()
-    token = None
-    while True:
-        page = client.search_runs([experiment_id], max_results=BATCH, page_token=token)
-        ids.update(r.info.run_id for r in page)
-        token = page.token
-        if not token:
-            return ids
-
-
-def _run_alive(client, run_id: str | None, active: set[str]) -> bool:
-    if not run_id:
-        return False
-    if run_id in active:
-        return True
-    from mlflow.exceptions import MlflowException
-
-    try:  # a run the ledger names in another experiment (renamed or moved by hand)
-        return client.get_run(run_id).info.lifecycle_stage == "active"
-    except MlflowException as exc:
-        if gone(exc):
-            return False
-        raise
-
-
-# --- curves and metrics -------------------------------------------------------------------------
-
-
-def _number(value: Any) -> float | None:
-    """A loggable metric value; NaN is a metric a row does not carry (rows may differ in metrics)."""
-    if isinstance(value, str) or value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(number) else number
-
-
-def curve_points(curves: CurveStore, study: str, trial_key: str) -> dict[str, dict[int, float]]:
-    """metric -> step -> value from the trial's Parquet curve (empty when it has none)."""
-    try:
-        frame = curves.read(study, trial_key)
-    except FileNotFoundError:  # not a storage error: those stop the sync before the flag is cleared
-        return {}
-    points: dict[str, dict[int, float]] = {}
-    steps = [int(s) for s in frame["step"]] if "step" in frame else []
-    for column in frame.columns:
-        if column in ("trial_key", "step"):
-            continue
-        for step, raw in zip(steps, frame[column], strict=True):
-            value = _number(raw)
-            if value is not None:
-                points.setdefault(str(column), {})[step] = value
-    return points
-
-
-class _History:
-    """The run's logged steps per metric, fetched once per metric."""
-
-    def __init__(self, client, run_id: str):
-        self.client, self.run_id = client, run_id
-        self._steps: dict[str, set[int]] = {}
-
-    def steps(self, key: str) -> set[int]:
-        if key not in self._steps:
-            self._steps[key] = {m.step for m in self.client.get_metric_history(self.run_id, key)}
-        return self._steps[key]
-
-    def missing(self, points: dict[str, dict[int, float]]) -> list[tuple[str, int, float]]:
-        return [
-            (key, step, value)
-            for key, by_step in points.items()
-            for step, value in sorted(by_step.items())
-            if step not in self.steps(key)
-        ]
-
-    def add(self, items: list[tuple[str, int, float]]) -> None:
-        for key, step, _ in items:
-            self.steps(key).add(step)
-
-
-def _log_points(client, run_id: str, items: list[tuple[str, int, float]]) -> int:
-    from mlflow.entities import Metric
-
-    now = int(time.time() * 1000)
-    metrics = [Metric(key, value, now, step) for key, step, value in items]
-    for i in range(0, len(metrics), BATCH):
-        client.log_batch(run_id, metrics=metrics[i : i + BATCH])
-    return len(metrics)
-
-
-def _final_points(row: TrialRow, curve: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
-    """The ledger's final metrics the curve lacks (`train_time_s`, ...), at the curve's last step. A metric
-    the curve has is its curve in MLflow, as the driver logs it: not a second point at the last step
-    (`params` and `effective_depth` are recorded once, at step 0)."""
-    last = max((step for by_step in curve.values() for step in by_step), default=0)
-    final = {key: _number(value) for key, value in (row.metrics or {}).items() if key not in curve}
-    return {key: {last: value} for key, value in final.items() if value is not None}
-
-
-def _backfill(client, run_id: str, points: list[dict[str, dict[int, float]]]) -> int:
-    """Log the points the run lacks, in order (a later set fills only what earlier ones did not)."""
-    history, logged = _History(client, run_id), 0
-    for batch in points:
-        items = history.missing(batch)
-        if items:
-            logged += _log_points(client, run_id, items)
-            history.add(items)
-    return logged
-
-
-# --- the study ------------------------------------------------------------------------------------
 
 
 def _cell(row: CellRow) -> Cell:
@@ -202,49 +95,164 @@ def _experiment(tracker: Tracker, ledger: Ledger, row: StudyRow, artifact_locati
     return experiment_id
 
 
+def _run_alive(client, run_id: str | None, active: dict[str, SimpleNamespace]) -> bool:
+    if not run_id:
+        return False
+    if run_id in active:
+        return True
+    from mlflow.exceptions import MlflowException
+
+    try:  # a run the ledger names in another experiment (renamed or moved by hand)
+        return client.get_run(run_id).info.lifecycle_stage == "active"
+    except MlflowException as exc:
+        if gone(exc):
+            return False
+        raise
+
+
+def _curve_rows(frame) -> list[dict]:
+    rows = frame.drop(columns=["trial_key"], errors="ignore").to_dict("records")
+    return [{k: v for k, v in r.items() if v == v} for r in rows]
+
+
 class _Sync:
-    def __init__(self, ledger: Ledger, tracker: Tracker, curves: CurveStore, study: StudyRow, report: SyncReport):
+    def __init__(
+        self,
+        ledger: Ledger,
+        tracker: Tracker,
+        curves: CurveStore,
+        study: StudyRow,
+        report: SyncReport,
+        storage: str | None,
+    ):
         self.ledger, self.tracker, self.client, self.curves = ledger, tracker, tracker.client, curves
-        self.study, self.spec = study, _study(study)
+        self.study, self.spec, self.storage = study, _study(study), storage
         self.report = report
         self.cells = {c.cell_hash: c for c in ledger.cells(study.name)}
         self.parents: dict[str, str] = {}  # cell_hash -> parent run, once ensured
+        self.by_tag: dict[tuple[str, str], str] = {}
 
     def parent(self, experiment_id: str, cell_hash: str) -> str:
         if cell_hash not in self.parents:
             row = self.cells[cell_hash]
-            run_id = self.tracker.cell_run(experiment_id, self.spec, _cell(row), row.mlflow_run_id)
+            known = row.mlflow_run_id or self.by_tag.get(("cell", cell_hash))
+            run_id = self.tracker.cell_run(experiment_id, self.spec, _cell(row), known)
             if run_id != row.mlflow_run_id:
                 self.ledger.set_cell_run(self.study.name, cell_hash, run_id)
-                self.report.cell_runs_created += 1
+                if run_id != known:
+                    self.report.cell_runs_created += 1
             self.parents[cell_hash] = run_id
         return self.parents[cell_hash]
 
-    def trial(self, experiment_id: str, row: TrialRow, alive: bool) -> None:
-        run_id = row.mlflow_run_id if alive else None
-        if run_id is None:
+    # --- curves -------------------------------------------------------------------------------
+
+    def curve(self, row: TrialRow) -> list[dict]:
+        """The trial's curve rows, written again from its newest checkpoint where the curve is missing,
+        unreadable or ends before that checkpoint."""
+        try:
+            rows = _curve_rows(self.curves.read(self.study.name, row.trial_key))
+            unreadable = None
+        except FileNotFoundError:
+            rows, unreadable = [], None
+        except CurveUnreadable as exc:
+            rows, unreadable = [], exc
+        last = max((int(r["step"]) for r in rows), default=-1)
+        newest = self._newest_checkpoint_step(row)
+        if unreadable is None and (newest is None or newest <= last):
+            return rows
+        records = self._checkpoint_records(row)
+        if records is None:
+            if unreadable is not None:
+                self.report.problems.append(f"{unreadable}, and no checkpoint holds its records; left as it is")
+            return rows
+        if unreadable is not None:
+            self.curves.set_aside(self.study.name, row.trial_key)
+        merged = {int(r["step"]): r for r in records}
+        merged.update({int(r["step"]): r for r in rows})  # the same records; the curve's copy wins
+        rows = [merged[s] for s in sorted(merged)]
+        self.curves.write(self.study.name, row.trial_key, rows)
+        self.report.curves_rebuilt += 1
+        return rows
+
+    def _location(self, row: TrialRow) -> str | None:
+        return checkpoint_location(self.storage, self.study.name, row.trial_key) if self.storage else None
+
+    def _newest_checkpoint_step(self, row: TrialRow) -> int | None:
+        from ..train.checkpoint import open_storage, step_of
+
+        location = self._location(row)
+        if location is None:
+            return None
+        steps = [s for s in map(step_of, open_storage(location).names()) if s is not None]
+        return max(steps, default=None)
+
+    def _checkpoint_records(self, row: TrialRow) -> list[dict] | None:
+        from ..train.checkpoint import Checkpoints, open_storage
+
+        location = self._location(row)
+        if location is None:
+            return None
+        config = self.cells[row.cell_hash].config
+        state = Checkpoints(open_storage(location), config=config, seed=row.seed).latest()
+        if state is None or not state["progress"].get("records"):
+            return None
+        return [dict(r) for r in state["progress"]["records"]]
+
+    # --- one trial ----------------------------------------------------------------------------
+
+    def trial(self, experiment_id: str, row: TrialRow, active: dict[str, SimpleNamespace]) -> None:
+        rows = self.curve(row)
+        run_id = row.mlflow_run_id if _run_alive(self.client, row.mlflow_run_id, active) else None
+        created = changed = False
+        if run_id is None and (found := self.by_tag.get(("trial", row.trial_key))):
+            run_id, changed = found, True  # the ledger lost its id: one trial, one run
+            self.tracker.describe_trial_run(run_id, self.spec, _trial(row, self.cells[row.cell_hash]))
+            self.ledger.set_trial_run(row.trial_key, run_id)
+        elif run_id is None:
             parent = self.parent(experiment_id, row.cell_hash)
             run_id = self.tracker.trial_run(experiment_id, parent, self.spec, _trial(row, self.cells[row.cell_hash]))
             self.ledger.set_trial_run(row.trial_key, run_id)
-            self.report.runs_created += 1
+            created = changed = True
         else:
             self.parent(experiment_id, row.cell_hash)  # a cell run deleted by hand comes back too
-            self.report.runs_continued += 1
-        curve = curve_points(self.curves, self.study.name, row.trial_key)
-        self.report.points_logged += _backfill(self.client, run_id, [curve, _final_points(row, curve)])
-        self.traceback(run_id, row)
-        self.tracker.set_outcome(run_id, row.status, row.failure_class)
-        self.ledger.set_mlflow_dirty(row.trial_key, False)
-        self.report.trials_synced += 1
+        history = RunHistory(self.client, run_id, fresh=created)
+        curve: Points = record_points(rows)
+        logged = history.log_missing(curve) + history.log_missing(final_points(row.metrics, curve))
+        self.report.points_logged += logged
+        changed = self.traceback(run_id, row) or changed or bool(logged)
+        if changed or self._status_differs(active.get(run_id), row):
+            self.tracker.set_outcome(run_id, row.status, row.failure_class)
+            self.report.statuses_set += not created
+            changed = True
+        if row.mlflow_dirty or changed:  # (naming a run flags the trial until its run holds everything)
+            self.ledger.set_mlflow_dirty(row.trial_key, False)
+        if changed:
+            self.report.trials_synced += 1
+            if created:
+                self.report.runs_created += 1
+            else:
+                self.report.runs_continued += 1
 
-    def traceback(self, run_id: str, row: TrialRow) -> None:
+    @staticmethod
+    def _status_differs(run: SimpleNamespace | None, row: TrialRow) -> bool:
+        if run is None:
+            return True
+        tags = run.tags
+        return (
+            run.status != RUN_STATUS[row.status]
+            or tags.get("status") != row.status
+            or (row.failure_class is not None and tags.get("failure_class") != row.failure_class)
+        )
+
+    def traceback(self, run_id: str, row: TrialRow) -> bool:
         """A failed trial's error text as the artifact the driver would have saved, if it could not."""
         attempts = self.ledger.attempts(row.trial_key) if row.status == "failed" and row.error else []
         attempt = attempts[-1] if attempts else None
         if attempt is None or attempt.traceback_artifact:
-            return
+            return False
         path = self.tracker.log_text(run_id, row.error, f"attempts/{attempt.number}/traceback.txt")
         self.ledger.set_traceback_artifact(attempt.id, path)
+        return True
 
     def cell_aggregates(self, cell_hashes: set[str]) -> None:
         """The seed aggregates the driver logs on a cell's parent run as seeds finish, at the last count."""
@@ -264,7 +272,8 @@ class _Sync:
             step = int(aggregates["seeds_done"])
             if step:
                 points = {key: {step: float(value)} for key, value in aggregates.items()}
-                self.report.points_logged += _backfill(self.client, self.parents[cell_hash], [points])
+                history = RunHistory(self.client, self.parents[cell_hash])
+                self.report.points_logged += history.log_missing(points)
 
 
 def sync_mlflow(
@@ -274,28 +283,46 @@ def sync_mlflow(
     study_name: str,
     console: Console | None = None,
     artifact_location: str | None = None,
+    *,
+    storage: str | None = None,
+    only_dirty: bool = False,
+    on_trial: Callable[[int, int], None] | None = None,
+    again: str | None = None,
 ) -> SyncReport:
-    """Backfill MLflow from the ledger and curves for the study's trials MLflow lacks (see the module
-    docstring). Idempotent: a second sync finds nothing to do. `artifact_location` is used only when
-    the experiment must be created."""
+    """Mend what MLflow and the curves lack of the study's trials (see the module docstring). Idempotent: a
+    second sync finds nothing to do. `storage` (the workspace's) lets curves be rebuilt from checkpoints;
+    `artifact_location` is used only when the experiment must be created; `on_trial(done, total)` is called
+    as trials are audited (a progress display); `again` is the command to print for another try."""
+    from .submission import reap_dead
+
+    again = again or f"studyrunner sync-mlflow {study_name}"
     study = ledger.get_study(study_name)
+    reap_dead(ledger, study_name)  # a dead driver's trials are flagged: what it half wrote is found
     report = SyncReport(study_name)
     rows = [r for r in ledger.trials(study_name) if _ever_ran(r)]
     holders = {r.id for r in ledger.live_submissions(study_name)}
     report.held = [r.trial_key for r in rows if r.owner is not None and r.owner in holders]
     rows = [r for r in rows if r.trial_key not in set(report.held)]
+    if only_dirty:
+        rows = [r for r in rows if r.mlflow_dirty]
+        if not rows:
+            return report  # nothing flagged: MLflow is not even asked
     current = ""
     try:
         report.experiment_id = _experiment(tracker, ledger, study, artifact_location)
-        active = _active_runs(tracker.client, report.experiment_id)
-        sync = _Sync(ledger, tracker, curves, study, report)
+        runs = tracker.active_runs(report.experiment_id)
+        active = {r.info.run_id: SimpleNamespace(status=r.info.status, tags=dict(r.data.tags)) for r in runs}
+        sync = _Sync(ledger, tracker, curves, study, report, storage)
+        sync.by_tag = tracker.runs_by_tag(report.experiment_id, runs)
         touched: set[str] = set()
-        for row in rows:
-            alive = _run_alive(tracker.client, row.mlflow_run_id, active)
-            if row.mlflow_dirty or not alive:
-                current = row.trial_key
-                sync.trial(report.experiment_id, row, alive)
+        for i, row in enumerate(rows):
+            current = row.trial_key
+            before = report.trials_synced
+            sync.trial(report.experiment_id, row, active)
+            if report.trials_synced > before:
                 touched.add(row.cell_hash)
+            if on_trial is not None:
+                on_trial(i + 1, len(rows))
         current = ""
         sync.cell_aggregates(touched)
     except StudyrunnerError:
@@ -304,8 +331,7 @@ def sync_mlflow(
         where = f" (at trial {current})" if current else ""
         raise StudyrunnerError(
             f"could not sync {study_name} to MLflow at {tracker.uri}{where}: {first_line(exc)}; "
-            f"{report.trials_synced} trials synced so far (kept): run `studyrunner sync-mlflow {study_name}` "
-            "again once it answers"
+            f"{report.trials_synced} trials synced so far (kept): run `{again}` again once it answers"
         ) from None
     if console is not None and report.held:
         console.print(

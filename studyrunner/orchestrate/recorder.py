@@ -10,8 +10,13 @@ final report saying which: trainable.py):
 - the driver stopped (Ctrl-C, `cancel`): nothing here; the submission releases what it held.
 
 One trial is one MLflow run however many attempts it takes: a retry, a rerun or a resume continues the
-run the ledger names. MLflow being unreachable never stops a study (MlflowGuard): the ledger and the
-curves get everything, the trial is flagged `mlflow_dirty`, and `studyrunner sync-mlflow` backfills.
+run the ledger names (or, when the ledger lost its id, the run tagged with the trial key). MLflow being
+unreachable never stops a study (MlflowGuard): the ledger and the curves get everything, the trial is
+flagged `mlflow_dirty`, and `studyrunner sync-mlflow` backfills.
+
+Nothing a worker reported is lost when a driver dies: the worker's checkpoint carries every record up to
+it, a resumed attempt replays them, and the driver keeps what it lacks (curve rows by step, MLflow points by
+(metric, step) against the run's history), so a resumed trial's curve is an uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ from ray import cloudpickle
 
 from ..spec import CompiledStudy, Trial
 from ..store import CurveStore, Ledger
+from ..store.curves import CurveUnreadable
 from .driver_callback import DriverCallback
+from .faults import kill_driver_at
 from .mlflow_guard import MlflowGuard
-from .tracking import Tracker
+from .tracking import RunHistory, Tracker, final_points, record_points
 
 TRIAL_HEARTBEAT_S = 5.0  # at most one ledger write per trial per this many seconds for heartbeats
 
@@ -63,17 +70,24 @@ class Recorder(DriverCallback):
         parent_runs: dict[str, str],
         submission: str | None = None,
         warn=None,
+        say=None,
+        known_runs: dict[tuple[str, str], str] | None = None,
+        sync_hint: str | None = None,
     ):
         self.study = compiled.study
         self.trials: dict[str, Trial] = {t.trial_key: t for t in compiled.trials}
         self.ledger, self.tracker, self.curves = ledger, tracker, curves
-        self.mlflow = MlflowGuard(tracker, study=compiled.study.name, warn=warn)
+        self.mlflow = MlflowGuard(tracker, study=compiled.study.name, warn=warn, sync_hint=sync_hint)
+        self.warn = warn or (lambda line: None)
+        self.say = say or (lambda line: None)
         self.dirty: set[str] = set()  # trials MLflow lacks something of (flagged once each)
+        self.inherited_dirty: set[str] = set()  # flagged before this driver ran them (e.g. by a dead one)
         self.experiment_id, self.parent_runs = experiment_id, parent_runs
+        self.known_runs = known_runs or {}  # ("trial", trial_key) -> a run MLflow holds for it (by tag)
         self.submission = submission
         self.runs: dict[str, str | None] = {}  # trial_key -> its MLflow run, while an attempt is open
+        self.histories: dict[str, RunHistory] = {}  # trial_key -> the points its run holds
         self.rows: dict[str, dict[int, dict]] = {}  # trial_key -> step -> record (every attempt's)
-        self.logged_to: dict[str, int] = {}  # trial_key -> last step sent to MLflow by this driver
         self.beats: dict[str, float] = {}
         self.finished: set[str] = set()
 
@@ -96,18 +110,33 @@ class Recorder(DriverCallback):
         return value
 
     def _open_run(self, key: str) -> str | None:
-        """The trial's one MLflow run: the ledger's (continued), else a new one."""
+        """The trial's one MLflow run: the ledger's, else one MLflow holds under its trial key (continued,
+        described again in case its maker died half way), else a new one."""
         known = next(iter(self.ledger.trials_by_key([key])), None)
         run_id = known.mlflow_run_id if known else None
+        if known is not None and known.mlflow_dirty:  # MLflow already lacked something: the closing sync audits it
+            self.inherited_dirty.add(key)
         if run_id and self._mlflow(key, self.tracker.continue_run, run_id):
-            # Steps an earlier driver already logged (up to a crash) are not logged twice.
-            last = self._mlflow(key, self.tracker.last_step, run_id, "train_loss")
-            self.logged_to[key] = max(self.logged_to.get(key, -1), last if last is not None else -1)
+            self.histories[key] = RunHistory(self.tracker.client, run_id)  # points an earlier driver logged
             return run_id
         t = self.trials[key]
-        return self._mlflow(
+        found = self.known_runs.get(("trial", key))
+        if found and found != run_id and self._mlflow(key, self.tracker.continue_run, found):
+            self._mlflow(key, self.tracker.describe_trial_run, found, self.study, t)
+            self.histories[key] = RunHistory(self.tracker.client, found)
+            return found
+        run_id = self._mlflow(
             key, self.tracker.trial_run, self.experiment_id, self.parent_runs[t.cell_hash], self.study, t
         )
+        if run_id:
+            self.histories[key] = RunHistory(self.tracker.client, run_id, fresh=True)
+        return run_id
+
+    def _log_points(self, key: str, records: list[dict]) -> None:
+        """Send MLflow the points of `records` its run lacks (each (metric, step) once, whoever sent it)."""
+        history = self.histories.get(key)
+        if self.runs.get(key) and history is not None:
+            self._mlflow(key, history.log_missing, record_points(records))
 
     # --- Tune callbacks -----------------------------------------------------------------------
 
@@ -122,10 +151,15 @@ class Recorder(DriverCallback):
             self.beats[key] = time.monotonic()
 
     def _stored_rows(self, key: str) -> dict[int, dict]:
-        """Records of earlier attempts (a resume after a crash): the curve continues, not restarts."""
+        """Records of earlier attempts (a resume after a crash): the curve continues, not restarts. An
+        unreadable curve is set aside (kept) and said so; the resumed attempt's replay rebuilds it."""
         try:
             frame = self.curves.read(self.study.name, key)
-        except (OSError, FileNotFoundError):
+        except FileNotFoundError:
+            return {}
+        except CurveUnreadable as exc:
+            aside = self.curves.set_aside(self.study.name, key)
+            self.warn(f"{exc}; set aside as {aside}: it is written again from the trial's checkpoint and records")
             return {}
         rows = frame.drop(columns=["trial_key"]).to_dict("records")
         return {int(r["step"]): {k: v for k, v in r.items() if v == v} for r in rows}
@@ -139,18 +173,37 @@ class Recorder(DriverCallback):
         run_id = self.runs[key]
         self._heartbeat(key)
         self._note_attempt(key, run_id, result)
+        if result.get("replay") is not None:
+            self._replay(key, result["replay"])
+            return
         if result.get("checkpoint_step") is not None:  # the worker has a checkpoint: keep the curve to it
             self.curves.write(self.study.name, key, self._rows(key))
+        elif result.get("note"):
+            self._note(key, str(result["note"]))
         if result.get("final"):
             self._complete(key, result)
             return
         if result.get("heartbeat") or result.get("note") or "metrics" not in result:
             return
         step, metrics = int(result["step"]), result["metrics"]
-        self.rows[key][step] = {"step": step, **metrics}
-        if run_id and step > self.logged_to.get(key, -1):  # a retry resends steps since its checkpoint
-            self._mlflow(key, self.tracker.log_metrics, run_id, step, metrics)
-            self.logged_to[key] = step
+        record = {"step": step, **metrics}
+        self.rows[key][step] = record
+        self._log_points(key, [record])
+
+    def _replay(self, key: str, records: list[dict]) -> None:
+        """A resumed attempt's history from its checkpoint: keep the rows this driver lacks (those of steps
+        it has are the same records), and log what the run lacks."""
+        rows = self.rows[key]
+        for record in records:
+            rows.setdefault(int(record["step"]), dict(record))
+        self._log_points(key, records)
+        self.curves.write(self.study.name, key, self._rows(key))
+
+    def _note(self, key: str, message: str) -> None:
+        """A line about the trial for the user (a resume, a corrupt checkpoint skipped): on the console and
+        on the attempt's row, so `status`/`results` show what it started from."""
+        self.say(f"{key}: {message}")
+        self.ledger.add_attempt_note(key, message)
 
     def _heartbeat(self, key: str) -> None:
         now = time.monotonic()
@@ -199,6 +252,7 @@ class Recorder(DriverCallback):
             self.ledger.end_attempt(key, "infrastructure", text.splitlines()[0], artifact)
             self.curves.write(self.study.name, key, self._rows(key))
             del self.runs[key]
+            self.histories.pop(key, None)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         """Retries spent (or none allowed) after infrastructure failures: the trial failed."""
@@ -225,11 +279,22 @@ class Recorder(DriverCallback):
         return [self.rows.get(key, {})[s] for s in sorted(self.rows.get(key, {}))]
 
     def _finish(self, key: str, status: str, **outcome) -> None:
-        self.curves.write(self.study.name, key, self._rows(key))
-        self.ledger.finish(key, status, **outcome)
+        """The curve first, then the ledger's outcome, flagged `mlflow_dirty` until MLflow shows it as well
+        (a driver killed in between leaves a trial `sync-mlflow` and `resume` mend), then MLflow: the final
+        metrics the curve lacks, and the run's status."""
+        rows = self._rows(key)
+        self.curves.write(self.study.name, key, rows)
         run_id = self.runs.pop(key, None)
+        self.ledger.finish(key, status, mlflow_dirty=True, **outcome)
+        kill_driver_at("finish", key)  # fault injection (faults.py): a driver killed between the two
         if run_id:
+            history = self.histories.get(key)
+            if history is not None:
+                self._mlflow(key, history.log_missing, final_points(outcome.get("metrics"), record_points(rows)))
             self._mlflow(key, self.tracker.set_outcome, run_id, status, outcome.get("failure_class"))
+            if key not in self.dirty and key not in self.inherited_dirty:
+                self.ledger.set_mlflow_dirty(key, False)
+        self.histories.pop(key, None)
         self.finished.add(key)
         self._log_cell_aggregates(key)
 
@@ -258,6 +323,7 @@ class Recorder(DriverCallback):
         for key in open_keys:
             self.curves.write(self.study.name, key, self._rows(key))
             run_id = self.runs.pop(key)
+            self.histories.pop(key, None)
             if run_id:
                 self._mlflow(key, self.tracker.set_outcome, run_id, status, "cancelled" if cancelled else "interrupted")
         return open_keys

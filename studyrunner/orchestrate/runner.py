@@ -24,10 +24,11 @@ from ..spec import CompiledStudy
 from ..spec.extension import changed_fields
 from ..store import STATUSES, CurveStore, Ledger
 from ..store.ledger import STALE_AFTER_S, SUBMIT_RUNS
-from ..workspace import Workspace
+from ..store.ledger import probe as probe_ledger
+from ..workspace import Workspace, checkpoint_location
 from .capacity import check_cluster_fits, trial_resources
 from .driver_callback import CancelStopper
-from .faults import fault_injected, injections_for
+from .faults import driver_kills, fault_injected, injections_for
 from .progress import ProgressDisplay
 from .recorder import Recorder
 from .selection import RerunSelection
@@ -143,7 +144,7 @@ def submit(
     reg = ledger.register(compiled)
     held = [r.trial_key for r in ledger.trials_by_key(reg.held) if r.status in ("failed", "diverged")]
     result = SubmitResult(compiled.study.name, len(compiled.trials), skipped=reg.skipped, held=held)
-    _say_plan(console, compiled, reg.skipped, held)
+    _say_plan(console, compiled, reg.skipped, held, workspace)
     stale = sorted(ledger.stale_keys(compiled.study.name, options.stale_after))
     return _run(compiled, workspace, ledger, tracker, reg.to_run + stale, "submit", result, options, console)
 
@@ -178,10 +179,7 @@ def rerun(
     keys = select.keys(ledger, compiled, options.stale_after)
     result = SubmitResult(study, len(compiled.trials))
     console.print(f"[bold]{escape(study)}[/]: rerunning {len(keys)} trials ({select.describe()})")
-    if select.fresh:
-        for key in keys:
-            delete_checkpoints(checkpoint_location(workspace, study, key))
-    return _run(compiled, workspace, ledger, tracker, keys, "rerun", result, options, console, statuses=STATUSES)
+    return _run(compiled, workspace, ledger, tracker, keys, "rerun", result, options, console, STATUSES, select.fresh)
 
 
 def cancel(study: str, workspace: Workspace) -> tuple[int, int]:
@@ -196,10 +194,16 @@ def cancel(study: str, workspace: Workspace) -> tuple[int, int]:
 
 
 def _open_stores(workspace: Workspace, create: bool = True) -> tuple[Ledger, Tracker]:
-    # Every location is checked before anything is written, so a bad one leaves no trace.
+    # Every location is checked before anything is written, so a bad one leaves no trace: storage and the
+    # ledger's URL first, then the tracking store (opening it creates an SQLite one), then the ledger.
     workspace.check_storage()
+    if not create:
+        ledger = Ledger(workspace.db_url, create=False)
+        return ledger, Tracker(workspace.tracking_uri)
+    probe_ledger(workspace.db_url)
+    tracker = Tracker(workspace.tracking_uri)
     workspace.ensure()
-    return Ledger(workspace.db_url, create=create), Tracker(workspace.tracking_uri)
+    return Ledger(workspace.db_url), tracker
 
 
 def stored_study(ledger: Ledger, name: str) -> CompiledStudy:
@@ -225,12 +229,13 @@ def _refuse_changed_meaning(ledger: Ledger, compiled: CompiledStudy) -> None:
         )
 
 
-def _say_plan(console: Console, compiled: CompiledStudy, skipped: list[str], held: list[str]) -> None:
+def _say_plan(console: Console, compiled: CompiledStudy, skipped: list[str], held: list[str], workspace) -> None:
     study = compiled.study
+    again = escape(workspace.hint("rerun", study.name, "--failed", "--diverged"))
     console.print(
         f"[bold]{escape(study.name)}[/]: {len(compiled.cells)} cells x {len(study.seeds)} seeds = "
         f"{len(compiled.trials)} trials; {len(skipped)} already succeeded (skipped)"
-        + (f", {len(held)} failed or diverged (rerun with: studyrunner rerun {study.name} --failed)" if held else "")
+        + (f", {len(held)} failed or diverged (rerun with: {again})" if held else "")
     )
 
 
@@ -245,13 +250,18 @@ def _run(
     options: RunOptions | None,
     console: Console,
     statuses: tuple[str, ...] = SUBMIT_RUNS,
+    fresh: bool = False,
 ) -> SubmitResult:
-    """Claim the candidates this process may run, run them on Ray Tune, release what did not finish."""
+    """Claim the candidates this process may run (`fresh`: then discard their checkpoints), run them on Ray
+    Tune, release what did not finish, and mend what MLflow lacks of the study's finished trials."""
     options = options or RunOptions()
     study = compiled.study
     reap_dead(ledger, study.name)  # a killed driver's trials and local Ray first
     submission = Submission(ledger, study.name, command)
     claimed = set(ledger.claim(study.name, sorted(set(candidates)), submission.id, statuses, options.stale_after))
+    if fresh:  # only now, when no other process runs them
+        for key in sorted(claimed):
+            delete_checkpoints(checkpoint_location(workspace.storage, study.name, key))
     result.busy = sorted(k for k in set(candidates) - claimed if k not in result.skipped)
     to_run = [t for t in compiled.trials if t.trial_key in claimed]
     if result.busy:
@@ -259,6 +269,7 @@ def _run(
     console.print(f"{len(to_run)} to run")
     if not to_run:
         submission.close()
+        _mend_tracking(ledger, tracker, workspace, study.name, console)
         return result
     recorder, started_ray = None, False
     try:
@@ -267,7 +278,7 @@ def _run(
             if started_ray:
                 ledger.set_ray_session(submission.id, _ray_session_dir())
             check_cluster_fits(study.resources)
-            experiment_id, parent_runs = _open_tracking(compiled, to_run, ledger, tracker, workspace)
+            experiment_id, parent_runs, by_tag = _open_tracking(compiled, to_run, ledger, tracker, workspace)
             started = time.perf_counter()
             recorder = Recorder(
                 compiled,
@@ -278,6 +289,9 @@ def _run(
                 parent_runs,
                 submission.id,
                 warn=lambda line: console.print(Text.assemble(("warning: ", "yellow"), line), highlight=False),
+                say=lambda line: console.print(Text.assemble(("note: ", "cyan"), line), highlight=False),
+                known_runs=by_tag,
+                sync_hint=workspace.hint("sync-mlflow", study.name),
             )
             _fit(study, to_run, recorder, workspace, options, submission.cancelled, console)
             result.wall_time_s = time.perf_counter() - started
@@ -290,12 +304,14 @@ def _run(
                 import ray
 
                 ray.shutdown()
-    if recorder is not None and recorder.dirty:
+    if recorder is not None and recorder.mlflow.down:
         console.print(
             f"MLflow missed records of {len(recorder.dirty)} trials (the ledger has them): "
-            f"studyrunner sync-mlflow {study.name}",
+            f"{workspace.hint('sync-mlflow', study.name)}",
             markup=False,
         )
+    else:
+        _mend_tracking(ledger, tracker, workspace, study.name, console)
     for row in ledger.trials(study.name, [t.trial_key for t in to_run]):
         bucket = {
             "succeeded": result.succeeded,
@@ -305,6 +321,37 @@ def _run(
         }.get(row.status, result.interrupted)
         bucket.append(row.trial_key)
     return result
+
+
+def _mend_tracking(ledger: Ledger, tracker: Tracker, workspace: Workspace, study: str, console: Console) -> None:
+    """Mend what MLflow and the curves lack of the study's flagged trials (MLflow was down for them, or the
+    driver that ran them died half way): a short sync, so no command leaves a disagreement behind."""
+    from .mlflow_sync import sync_mlflow
+
+    try:
+        report = sync_mlflow(
+            ledger,
+            tracker,
+            CurveStore(workspace.storage),
+            study,
+            storage=workspace.storage,
+            only_dirty=True,
+            artifact_location=workspace.artifact_location(study),
+            again=workspace.hint("sync-mlflow", study),
+        )
+    except StudyrunnerError as exc:
+        console.print(Text.assemble(("warning: ", "yellow"), str(exc)), highlight=False)
+        return
+    if report.changed:
+        console.print(
+            f"mended {report.trials_synced} trials in MLflow ({report.points_logged} points, "
+            f"{report.runs_created} runs created, {report.statuses_set} statuses set) and "
+            f"{report.curves_rebuilt} curves from checkpoints",
+            markup=False,
+            highlight=False,
+        )
+    for line in report.problems:
+        console.print(Text.assemble(("warning: ", "yellow"), line), highlight=False)
 
 
 def _ray_session_dir() -> str | None:
@@ -333,20 +380,20 @@ def _open_tracking(compiled, to_run, ledger: Ledger, tracker: Tracker, workspace
                 ) from None
             time.sleep(0.5 * (attempt + 1))
     ledger.set_experiment(study.name, experiment_id)
+    # Runs MLflow already holds for these cells and trials, by tag: a ledger that lost their ids (made anew
+    # beside an old tracking store, or a driver killed between making a run and naming it) finds them
+    # again instead of making second ones.
+    by_tag = tracker.runs_by_tag(experiment_id)
     known_parents = {c.cell_hash: c.mlflow_run_id for c in ledger.cells(study.name)}
     parent_runs: dict[str, str] = {}
     for cell in compiled.cells:
         if any(t.cell_hash == cell.cell_hash for t in to_run):
-            run_id = tracker.cell_run(experiment_id, study, cell, known_parents.get(cell.cell_hash))
+            known = known_parents.get(cell.cell_hash) or by_tag.get(("cell", cell.cell_hash))
+            run_id = tracker.cell_run(experiment_id, study, cell, known)
             if run_id != known_parents.get(cell.cell_hash):
                 ledger.set_cell_run(study.name, cell.cell_hash, run_id)
             parent_runs[cell.cell_hash] = run_id
-    return experiment_id, parent_runs
-
-
-def checkpoint_location(workspace: Workspace, study: str, trial_key: str) -> str:
-    """Where a trial's checkpoints live: under the study's storage, so any node can resume it."""
-    return f"{workspace.storage.rstrip('/')}/checkpoints/{study}/{trial_key}"
+    return experiment_id, parent_runs, by_tag
 
 
 def delete_checkpoints(location: str) -> None:
@@ -360,13 +407,14 @@ def delete_checkpoints(location: str) -> None:
 def _payloads(study, to_run, workspace: Workspace) -> list[dict]:
     """What each Tune trial's worker gets: the resolved config, seed and the knobs of how it runs; a
     cell with `train.vectorize_seeds` sends its seeds as one group (one process trains them together)."""
+    driver_kills()  # a malformed fault-injection setting fails now, not mid-study
     single = [
         {
             "trial_key": t.trial_key,
             "seed": t.seed,
             "cell": t.config,
             "threads": study.resources.cpu,
-            "checkpoint_dir": checkpoint_location(workspace, study.name, t.trial_key),
+            "checkpoint_dir": checkpoint_location(workspace.storage, study.name, t.trial_key),
             "divergence": study.divergence,
             "heartbeat_s": HEARTBEAT_S,
             "inject_fault": fault_injected(t.trial_key),

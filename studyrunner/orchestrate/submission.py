@@ -71,7 +71,7 @@ def reap_dead(ledger: Ledger, study: str | None = None) -> dict[str, list[str]]:
             stopped = stop_ray_session(sub.ray_session_dir)
             if stopped:
                 log.info("stopped %d Ray processes left by submission %s", stopped, sub.id)
-        released[sub.id] = ledger.release(sub.id)  # as a normal end, though nothing was told to stop
+        released[sub.id] = ledger.release(sub.id, died=True)
     return released
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import subprocess
 import time
@@ -65,6 +66,79 @@ def git_sha(where: str = ".") -> str:
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+Points = dict[str, dict[int, float]]  # metric -> step -> value
+BATCH = 1000  # MLflow's per-request metric limit
+
+
+def loggable(value: Any) -> float | None:
+    """A value MLflow can take as a metric point; None for text, None and NaN (a metric a record lacks)."""
+    if isinstance(value, str | bytes) or value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) else number
+
+
+def record_points(records: list[dict[str, Any]]) -> Points:
+    """The metric points of records (`{"step": s, **metrics}`), as metric -> step -> value."""
+    points: Points = {}
+    for record in records:
+        step = int(record["step"])
+        for name, raw in record.items():
+            value = loggable(raw) if name != "step" else None
+            if value is not None:
+                points.setdefault(name, {})[step] = value
+    return points
+
+
+def final_points(metrics: dict[str, Any] | None, curve: Points) -> Points:
+    """The final metrics a curve lacks (`train_time_s`, ...), at the curve's last step. A metric the curve
+    has is its curve in MLflow, not a second point at the last step (`params` and `effective_depth` are
+    recorded once, at step 0)."""
+    last = max((step for by_step in curve.values() for step in by_step), default=0)
+    values = {key: loggable(value) for key, value in (metrics or {}).items() if key not in curve}
+    return {key: {last: value} for key, value in values.items() if value is not None}
+
+
+class RunHistory:
+    """The (metric, step) points a run holds, so each point is logged once whoever logged it before (an
+    earlier driver, a crashed one, a sync). Fetched from MLflow once per metric on first use; a run created
+    just now is known to be empty (`fresh=True`) and costs no fetch."""
+
+    def __init__(self, client, run_id: str, *, fresh: bool = False):
+        self.client, self.run_id, self.fresh = client, run_id, fresh
+        self._steps: dict[str, set[int]] = {}
+
+    def steps(self, key: str) -> set[int]:
+        if key not in self._steps:
+            history = [] if self.fresh else self.client.get_metric_history(self.run_id, key)
+            self._steps[key] = {m.step for m in history}
+        return self._steps[key]
+
+    def missing(self, points: Points) -> list[tuple[str, int, float]]:
+        return [
+            (key, step, value)
+            for key, by_step in points.items()
+            for step, value in sorted(by_step.items())
+            if step not in self.steps(key)
+        ]
+
+    def log_missing(self, points: Points) -> int:
+        """Log the points the run lacks; returns how many were logged."""
+        from mlflow.entities import Metric
+
+        items = self.missing(points)
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, value, now, step) for key, step, value in items]
+        for i in range(0, len(metrics), BATCH):
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + BATCH])
+        for key, step, _ in items:
+            self.steps(key).add(step)
+        return len(items)
 
 
 def _params(config: dict[str, Any], seed: int | None = None) -> dict[str, str]:
@@ -184,6 +258,31 @@ class Tracker:
         self.client.set_terminated(run.info.run_id, "FINISHED")
         return run.info.run_id
 
+    def active_runs(self, experiment_id: str) -> list:
+        """Every active run of the experiment, in a few paged queries instead of one get_run per trial."""
+        runs, token = [], None
+        while True:
+            page = self.client.search_runs([experiment_id], max_results=BATCH, page_token=token)
+            runs.extend(page)
+            token = page.token
+            if not token:
+                return runs
+
+    def runs_by_tag(self, experiment_id: str, runs: list | None = None) -> dict[tuple[str, str], str]:
+        """The experiment's active runs by identity: ("trial", trial_key) and ("cell", cell_hash) -> run id
+        (the oldest, should two claim one identity). How a ledger that lost a run's id (a new ledger beside
+        an old tracking store, a driver killed between making a run and naming it) finds the run again
+        instead of making a second one. `runs`: the experiment's active runs, when already fetched."""
+        found: dict[tuple[str, str], tuple[int, str]] = {}
+        for run in self.active_runs(experiment_id) if runs is None else runs:
+            tags = run.data.tags
+            kind = tags.get("kind")
+            ident = tags.get("trial_key") if kind == "trial" else tags.get("cell_hash") if kind == "cell" else None
+            older = found.get((kind, ident)) if ident else None
+            if ident and (older is None or run.info.start_time < older[0]):
+                found[(kind, ident)] = (run.info.start_time, run.info.run_id)
+        return {key: run_id for key, (_, run_id) in found.items()}
+
     def trial_run(self, experiment_id: str, parent_run_id: str, study, trial: Trial) -> str:
         tags = {
             **self._tags(study.name, study.source),
@@ -194,13 +293,17 @@ class Tracker:
             "mlflow.parentRunId": parent_run_id,
         }
         run = self.client.create_run(experiment_id, run_name=f"{trial.label} seed={trial.seed}", tags=tags)
-        run_id = run.info.run_id
+        self.describe_trial_run(run.info.run_id, study, trial)
+        return run.info.run_id
+
+    def describe_trial_run(self, run_id: str, study, trial: Trial) -> None:
+        """A trial run's params and files (idempotent: a run found again by its tags gets what a driver
+        killed right after creating it did not write)."""
         self._log_params(run_id, _params(trial.config, trial.seed))
         self.client.log_text(run_id, study.text, "study.yaml")
         self.client.log_dict(
             run_id, {"trial_key": trial.trial_key, "seed": trial.seed, **trial.config}, "resolved_config.json"
         )
-        return run_id
 
     def log_params(self, run_id: str, params: dict[str, str]) -> None:
         """Extra params of a run (a trial's `runtime.*` facts), cut to MLflow's length limit."""

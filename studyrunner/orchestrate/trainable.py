@@ -18,7 +18,11 @@ trial's latest checkpoint.
 Reports before the final one (all carry "step"):
 
 - a record: `{"step", "metrics", "final": False}`;
-- a note: `{"note": "..."}`; after each checkpoint is written, `{"note", "checkpoint_step"}`;
+- a note: `{"note": "..."}` (a resume, a corrupt checkpoint skipped: shown to the user and kept on the
+  attempt); after each checkpoint is written, `{"note", "checkpoint_step"}`;
+- a replay, once per resumed attempt before any record: `{"replay": [records], "step"}`, every record the
+  trial made up to the checkpoint it resumed from (the checkpoint keeps them: train/progress.py), so a
+  driver that died before recording some loses none of them;
 - a heartbeat: `{"heartbeat": True}` after an optimizer step when nothing was reported for
   `heartbeat_s` seconds.
 
@@ -174,6 +178,10 @@ class TuneReporter:
         self._send({"step": step, "metrics": metrics, "final": False})
         if self.rule is not None and any(name in metrics for name in self.rule.metrics) and self.rule(self.latest):
             raise Diverged(step, self._rule_reason(step))
+
+    def replay(self, records: list[dict[str, float]]) -> None:
+        # One report for the whole history: the driver merges what it lacks (orchestrate/trial_log.py).
+        self._send({"replay": records, "step": self.step})
 
     def checkpointed(self, step: int) -> None:
         # The driver flushes the trial's curve on this, so a retry loses no record it already has.

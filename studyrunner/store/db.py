@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import (
     JSON,
@@ -18,6 +21,8 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    exc,
+    make_url,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -119,7 +124,7 @@ class AttemptRow(Base):
     ray_trial_id: Mapped[str | None] = mapped_column(String(64))
     resumed_from_step: Mapped[int | None] = mapped_column(Integer)
     error_class: Mapped[str | None] = mapped_column(String(32))
-    message: Mapped[str | None] = mapped_column(Text)  # first line of the error
+    message: Mapped[str | None] = mapped_column(Text)  # how it started (a resume from step N), then how it ended
     traceback_artifact: Mapped[str | None] = mapped_column(Text)  # MLflow artifact path of the traceback
     provenance: Mapped[dict[str, Any] | None]  # code and runtime: git sha, versions, host, device
 
@@ -159,5 +164,28 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
     else:
-        engine = create_engine(url, pool_pre_ping=True)
+        # A blackholed database host would otherwise hang the command for minutes.
+        connect_args = {"connect_timeout": 10} if url.startswith("postgresql") else {}
+        engine = create_engine(url, pool_pre_ping=True, connect_args=connect_args)
     return engine
+
+
+def sqlite_reader(url: str) -> tuple[Engine, str]:
+    """A read-only engine on the SQLite file of `url`, for the read verbs: nothing is written to the file
+    or beside it. Returns (engine, mode): "read-only" (`mode=ro`), or, where even that cannot open it (a
+    WAL database on a read-only mount, where SQLite cannot create the `-shm` file it reads through),
+    "immutable" (`immutable=1`): a snapshot of the main file that does not read the write-ahead log."""
+    path = Path(make_url(url).database or "").resolve()
+    for mode, query in (("read-only", "mode=ro"), ("immutable", "mode=ro&immutable=1")):
+        target = f"file:{quote(str(path))}?{query}"
+        engine = create_engine("sqlite://", creator=lambda t=target: sqlite3.connect(t, uri=True, timeout=30))
+        try:
+            with engine.connect() as conn:
+                conn.exec_driver_sql("SELECT count(*) FROM sqlite_master")
+        except exc.OperationalError:
+            engine.dispose()
+            if mode == "immutable":
+                raise
+            continue
+        return engine, mode
+    raise AssertionError("unreachable")

@@ -10,15 +10,18 @@ import hashlib
 import math
 import os
 import socket
+import sqlite3
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import Engine, and_, case, func, make_url, or_, select, update
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -33,6 +36,7 @@ from .db import (
     SubmissionRow,
     TrialRow,
     make_engine,
+    sqlite_reader,
     utcnow,
 )
 
@@ -73,51 +77,123 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _process_started_at(pid: int) -> datetime | None:
+    """When process `pid` started (Linux /proc), or None where that cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        stat = Path("/proc/stat").read_text().splitlines()
+        boot = next(int(line.split()[1]) for line in stat if line.startswith("btime"))
+    except (OSError, IndexError, StopIteration, ValueError):
+        return None
+    ticks = int(fields[19])  # field 22 of stat: start time in clock ticks after boot
+    return datetime.fromtimestamp(boot + ticks / os.sysconf("SC_CLK_TCK"), UTC)
+
+
+def submission_process_alive(row: SubmissionRow) -> bool:
+    """Is the process of a submission made on this host still running? Its pid alone could be a newer
+    process's (pids are reused): one that started after the submission was opened is not its process."""
+    if not _pid_alive(row.pid):
+        return False
+    started = _process_started_at(row.pid)
+    return started is None or started <= _aware(row.started_at) + timedelta(seconds=2)
+
+
 def _sqlite_path(url: str) -> Path | None:
     return Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
 
 
-class Ledger:
-    """Open the ledger at `url`. `create=False` (read-only commands) opens an existing ledger only,
-    so a mistyped --db or workspace says so instead of looking like an empty ledger."""
+@contextmanager
+def database_errors(url: str, option: str = "--db / STUDYRUNNER_DB") -> Iterator[None]:
+    """Opening a database: every way it fails is one line naming the URL and the option to mend."""
+    try:
+        yield
+    except StudyrunnerError:
+        raise
+    except NoSuchModuleError:
+        raise StudyrunnerError(
+            f"cannot open results database {url!r}: not a database URL SQLAlchemy knows ({option}); "
+            "use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
+        ) from None
+    except ImportError as exc:
+        raise StudyrunnerError(
+            f"{option}: cannot open {url!r}: its database driver is not installed ({exc}); "
+            "install it (postgresql: EXTRAS=dev,postgres ./setup.sh) or use sqlite:///PATH"
+        ) from None
+    except (ArgumentError, SQLAlchemyError, OSError, sqlite3.Error) as exc:
+        first = str(exc.args[0] if exc.args else exc).strip().splitlines()[0]
+        raise StudyrunnerError(f"cannot open results database {url!r}: {first} (check {option})") from None
 
-    def __init__(self, url: str, create: bool = True):
+
+def open_engine(url: str, *, read_only: bool = False) -> tuple[Engine, str | None]:
+    """An engine on an existing database (errors as one line); for an SQLite file with `read_only`, one
+    that writes nothing (db.sqlite_reader). Returns (engine, read mode: None, "read-only" or "immutable")."""
+    path = _sqlite_path(url)
+    if path is not None and not path.is_file():
+        raise StudyrunnerError(
+            f"no results ledger at {str(path)!r}: nothing was submitted with this workspace "
+            "(check --db / --workspace / STUDYRUNNER_HOME, or run: studyrunner submit FILE)"
+        )
+    with database_errors(url):
+        if read_only and path is not None:
+            return sqlite_reader(url)
+        return make_engine(url), None
+
+
+def probe(url: str) -> None:
+    """Check that a ledger URL can be used, writing nothing: the URL parses, its driver is installed and a
+    server database answers (an SQLite file is created only when the ledger is). One line if not."""
+    with database_errors(url):
+        parsed = make_url(url)
+        parsed.get_dialect()
+        if parsed.get_backend_name() != "sqlite":
+            with make_engine(url).connect():
+                pass
+
+
+class Ledger:
+    """Open the ledger at `url`.
+
+    `create=False` (commands that work on what was submitted) opens an existing ledger only, so a mistyped
+    --db or workspace says so instead of looking like an empty ledger. `read_only=True` (the read verbs:
+    status, results, analyze, verify, report) also writes nothing: an SQLite ledger is opened read-only,
+    or as an immutable snapshot on a read-only mount; `read_mode` then says which (None: read-write).
+
+    A database that holds tables but no ledger (an app's, MLflow's store) is refused, never made into one."""
+
+    def __init__(self, url: str, create: bool = True, read_only: bool = False):
         self.url = url
+        self.read_mode: str | None = None
         path = _sqlite_path(url)
-        if not create and path is not None and not path.is_file():
-            raise StudyrunnerError(
-                f"no results ledger at {str(path)!r}: nothing was submitted with this workspace "
-                "(check --db / --workspace / STUDYRUNNER_HOME, or run: studyrunner submit FILE)"
-            )
-        try:
-            if create and path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            self.engine = make_engine(url)
-            if schema.current(self.engine) is None:
-                if not create:
+        with database_errors(url):
+            if create and not read_only:
+                if path is not None:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                self.engine = make_engine(url)
+            else:
+                self.engine, self.read_mode = open_engine(url, read_only=read_only)
+            if schema.current(self.engine, url) is None:
+                if not create or read_only:
                     raise StudyrunnerError(
                         f"{url!r} holds no studyrunner ledger (check --db / STUDYRUNNER_DB, or submit a study first)"
                     )
                 schema.create(self.engine)
             schema.check_current(self.engine, url)
-        except StudyrunnerError:
-            raise
-        except NoSuchModuleError:
-            raise StudyrunnerError(
-                f"cannot open results database {url!r}: not a database URL SQLAlchemy knows "
-                "(--db / STUDYRUNNER_DB); use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
-            ) from None
-        except ImportError as exc:
-            raise StudyrunnerError(
-                f"--db / STUDYRUNNER_DB: cannot open {url!r}: its database driver is not installed ({exc}); "
-                "install it (postgresql: EXTRAS=dev,postgres ./setup.sh) or use sqlite:///PATH"
-            ) from None
-        except (ArgumentError, SQLAlchemyError, OSError) as exc:
-            first = str(exc.args[0] if exc.args else exc).strip().splitlines()[0]
-            raise StudyrunnerError(
-                f"cannot open results database {url!r}: {first} (check --db / STUDYRUNNER_DB)"
-            ) from None
         self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    @property
+    def read_note(self) -> str | None:
+        """A line for the user when the ledger could only be opened read-only (a read-only location)."""
+        if self.read_mode != "immutable":
+            return None
+        path = _sqlite_path(self.url)
+        wal = path.with_name(path.name + "-wal") if path else None
+        unread = wal is not None and wal.is_file() and wal.stat().st_size > 0
+        return f"{path} is on a read-only location: reading it as an immutable snapshot" + (
+            f"; its write-ahead log ({wal.name}, not yet merged) cannot be read there, so the last writes "
+            "may be missing (copy the folder somewhere writable to see them)"
+            if unread
+            else ""
+        )
 
     def session(self) -> Session:
         return self._session()
@@ -229,8 +305,12 @@ class Ledger:
 
     @staticmethod
     def _is_dead(row: SubmissionRow, stale_after: float) -> bool:
-        cutoff = utcnow() - timedelta(seconds=stale_after)
-        return _aware(row.heartbeat_at) < cutoff or (row.host == socket.gethostname() and not _pid_alive(row.pid))
+        """On this host the process decides: a live submit is never taken over, however long since its
+        heartbeat (`--stale-after 0` included); a dead one is dead at once. On other hosts, where the
+        process cannot be seen, a heartbeat older than `stale_after` seconds decides."""
+        if row.host == socket.gethostname():
+            return not submission_process_alive(row)
+        return _aware(row.heartbeat_at) < utcnow() - timedelta(seconds=stale_after)
 
     def claim(
         self,
@@ -254,7 +334,13 @@ class Ledger:
                 s.execute(
                     update(TrialRow)
                     .where(TrialRow.trial_key.in_(keys[i : i + 500]), runnable, free)
-                    .values(status="pending", owner=submission, heartbeat_at=utcnow())
+                    # A finished trial keeps its outcome until an attempt of it starts (start_attempt):
+                    # a command that stops before then leaves it as it was.
+                    .values(
+                        status=case((TrialRow.status == "running", "pending"), else_=TrialRow.status),
+                        owner=submission,
+                        heartbeat_at=utcnow(),
+                    )
                     .execution_options(synchronize_session=False)
                 )
         with self.session() as s:
@@ -274,9 +360,13 @@ class Ledger:
             )
         return len(live), result.rowcount
 
-    def release(self, submission: str, *, cancelled: bool = False) -> list[str]:
+    def release(self, submission: str, *, cancelled: bool = False, died: bool = False) -> list[str]:
         """End a submission: its unfinished trials go back to `pending` (or `cancelled`), their open
-        attempts end `interrupted` (or `cancelled`), and its leases are dropped. Returns those trials."""
+        attempts end `interrupted` (or `cancelled`), and its leases are dropped. Returns those trials.
+
+        `died`: the process was killed without releasing anything (reap_dead). It may have died in the
+        middle of any MLflow write, so every trial it ran an attempt of is flagged `mlflow_dirty`, for
+        `sync-mlflow` (and `resume`, which syncs) to compare and mend."""
         status = "cancelled" if cancelled else "pending"
         why = "cancelled" if cancelled else "interrupted"
         with self.session() as s, s.begin():
@@ -287,7 +377,16 @@ class Ledger:
             for r in unfinished:
                 r.status, r.failure_class = status, why
                 r.error = f"{why} before it finished" if r.attempts else f"{why} before it started"
-            self._end_open_attempts(s, [r.trial_key for r in unfinished], why, f"{why} by the submitting process")
+            by = "by the submitting process" if not died else "(the submitting process died)"
+            self._end_open_attempts(s, [r.trial_key for r in unfinished], why, f"{why} {by}")
+            if died:
+                attempted = select(AttemptRow.trial_key).where(AttemptRow.submission == submission)
+                s.execute(
+                    update(TrialRow)
+                    .where(TrialRow.trial_key.in_(attempted))
+                    .values(mlflow_dirty=True)
+                    .execution_options(synchronize_session=False)
+                )
             sub = s.get(SubmissionRow, submission)
             if sub is not None:
                 sub.ended_at = utcnow()
@@ -320,6 +419,14 @@ class Ledger:
                 for name, value in facts.items():
                     setattr(a, name, value)
 
+    def add_attempt_note(self, trial_key: str, note: str) -> None:
+        """A line about how the current attempt started (a resume, a corrupt checkpoint skipped), kept in
+        its `message` before whatever ends it."""
+        with self.session() as s, s.begin():
+            a = self._open_attempt(s, trial_key)
+            if a is not None:
+                a.message = f"{a.message}; {note}" if a.message else note
+
     def trial_heartbeat(self, trial_key: str) -> None:
         with self.session() as s, s.begin():
             s.execute(update(TrialRow).where(TrialRow.trial_key == trial_key).values(heartbeat_at=utcnow()))
@@ -340,12 +447,16 @@ class Ledger:
         error: str | None = None,
         failure_class: str | None = None,
         traceback_artifact: str | None = None,
+        mlflow_dirty: bool | None = None,
     ) -> None:
-        """The trial ended `succeeded`, `failed` or `diverged` (metrics kept when given)."""
+        """The trial ended `succeeded`, `failed` or `diverged` (metrics kept when given). `mlflow_dirty`:
+        set the flag in the same transaction (the driver sets it until MLflow shows the outcome too)."""
         assert status in FINISHED, status
         with self.session() as s, s.begin():
             r = s.get(TrialRow, trial_key)
             r.status, r.finished_at, r.error, r.failure_class, r.owner = status, utcnow(), error, failure_class, None
+            if mlflow_dirty is not None:
+                r.mlflow_dirty = mlflow_dirty
             if metrics:
                 r.metrics = _json_safe(metrics)
                 longform.write_metrics(s, r.study, trial_key, metrics)
@@ -379,7 +490,8 @@ class Ledger:
             return
         q = select(AttemptRow).where(AttemptRow.trial_key.in_(keys), AttemptRow.ended_at.is_(None))
         for a in s.scalars(q):
-            a.status, a.ended_at, a.message = status, utcnow(), message
+            a.status, a.ended_at = status, utcnow()
+            a.message = f"{a.message}; {message}" if a.message and message else (message or a.message)
             a.error_class = error_class if error_class else (None if status == "succeeded" else status)
             a.traceback_artifact = traceback_artifact
 

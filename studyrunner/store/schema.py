@@ -16,11 +16,11 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Engine, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import StudyrunnerError
-from .db import Base, TrialRow
+from .db import Base
 
 FIRST = "0001"  # the schema of the first release, which had no version table
 
@@ -36,13 +36,53 @@ def head() -> str:
     return ScriptDirectory.from_config(_config()).get_current_head()
 
 
-def current(engine: Engine) -> str | None:
-    """The ledger's revision; None for a database without a ledger."""
-    if not inspect(engine).has_table(TrialRow.__tablename__):
+# The tables that make a database a ledger (a database holding other tables is never made into one).
+LEDGER_TABLES = frozenset({"studies", "cells", "trials"})
+VERSION_TABLE = "alembic_version"
+
+
+def _known_revisions() -> list[str]:
+    return [rev.revision for rev in ScriptDirectory.from_config(_config()).walk_revisions()]
+
+
+def current(engine: Engine, url: str = "") -> str | None:
+    """The ledger's revision; None for an empty database (no tables: a ledger may be created there).
+
+    Raises StudyrunnerError, naming the database, for one that holds other tables (an app's, MLflow's,
+    Optuna's), and for a ledger whose recorded revision is missing, recorded twice or unknown to this
+    studyrunner (a newer one wrote it)."""
+    where = url or engine.url.render_as_string(hide_password=True)
+    tables = set(inspect(engine).get_table_names())
+    if not tables - {VERSION_TABLE}:
         return None
+    trial_columns = {c["name"] for c in inspect(engine).get_columns("trials")} if "trials" in tables else set()
+    if not LEDGER_TABLES <= tables or "trial_key" not in trial_columns:
+        shown = ", ".join(sorted(tables)[:6]) + (", ..." if len(tables) > 6 else "")
+        raise StudyrunnerError(
+            f"{where!r} holds tables ({shown}) but no studyrunner ledger; point --db at a ledger, or at a new "
+            "(empty) database for a new one"
+        )
+    if VERSION_TABLE not in tables:
+        return _unversioned(engine)
     with engine.connect() as conn:
-        rev = MigrationContext.configure(conn).get_current_revision()
-    return rev or _unversioned(engine)
+        revisions = [row[0] for row in conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))]
+    if not revisions:
+        raise StudyrunnerError(
+            f"the ledger {where!r} has an empty {VERSION_TABLE} table, so its schema revision is unknown; "
+            f"restore it from a backup, or record the revision by hand (studyrunner db current names this one's)"
+        )
+    if len(revisions) > 1:
+        raise StudyrunnerError(
+            f"the ledger {where!r} records {len(revisions)} schema revisions ({', '.join(sorted(revisions))}) "
+            f"where there must be one; keep the right row of its {VERSION_TABLE} table (this studyrunner: {head()})"
+        )
+    (revision,) = revisions
+    if revision not in _known_revisions():
+        raise StudyrunnerError(
+            f"the ledger {where!r} was written by a newer studyrunner (schema revision {revision}); this one "
+            f"knows revisions up to {head()}: upgrade studyrunner to read it"
+        )
+    return revision
 
 
 def _unversioned(engine: Engine) -> str:
@@ -53,23 +93,28 @@ def _unversioned(engine: Engine) -> str:
 
 
 def create(engine: Engine) -> None:
-    """A new ledger, at the newest revision. Two processes creating one ledger at once (two submits on
+    """A new ledger, at the newest revision, in one transaction (tables and version row together, so no
+    reader sees a ledger without its revision). Two processes creating one ledger at once (two submits on
     a fresh workspace) both succeed: the loser of the race finds the winner's ledger."""
     try:
-        Base.metadata.create_all(engine)
         with engine.begin() as conn:
+            Base.metadata.create_all(conn)
             command.stamp(_config(conn), "head")
     except SQLAlchemyError:
         for _ in range(50):
             time.sleep(0.1)
-            if current(engine) == head():
-                return
+            try:
+                if current(engine) == head():
+                    return
+            except StudyrunnerError:
+                pass  # the winner is still writing
         raise
 
 
-def upgrade(engine: Engine) -> tuple[str | None, str]:
-    """Bring the ledger to the newest revision; returns (before, after)."""
-    before = current(engine)
+def upgrade(engine: Engine, url: str = "") -> tuple[str | None, str]:
+    """Bring the ledger to the newest revision (an empty database: migrate from nothing); returns (before,
+    after). A database holding other tables is refused, as `current` says."""
+    before = current(engine, url)
     with engine.begin() as conn:
         cfg = _config(conn)
         if before is not None and MigrationContext.configure(conn).get_current_revision() is None:
@@ -79,7 +124,7 @@ def upgrade(engine: Engine) -> tuple[str | None, str]:
 
 
 def check_current(engine: Engine, url: str) -> None:
-    rev, newest = current(engine), head()
+    rev, newest = current(engine, url), head()
     if rev != newest:
         raise StudyrunnerError(
             f"the ledger {url!r} is at schema revision {rev}, this studyrunner needs {newest}: "

@@ -82,6 +82,9 @@ class Progress:
     total_time: float = 0.0  # wall-clock seconds of training steps, over every attempt
     total_tokens: int = 0
     last: dict[str, float] = field(default_factory=dict)  # latest value of every reported name
+    # Every record reported so far ({"step": s, **metrics}), over every attempt: a checkpoint carries the
+    # trial's whole curve, so an attempt resumed from it can send again what an earlier driver missed.
+    records: list[dict[str, float]] = field(default_factory=list)
 
     def add_step(self, elapsed: float, tokens: int) -> None:
         self.step += 1
@@ -94,10 +97,12 @@ class Progress:
             "total_time": self.total_time,
             "total_tokens": self.total_tokens,
             "last": dict(self.last),
+            "records": [dict(r) for r in self.records],
         }
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> Progress:
         window = TrainWindow()
         window.load_state_dict(state["window"])
-        return cls(state["step"], window, state["total_time"], state["total_tokens"], dict(state["last"]))
+        records = [dict(r) for r in state.get("records", [])]  # none in checkpoints from before they were kept
+        return cls(state["step"], window, state["total_time"], state["total_tokens"], dict(state["last"]), records)

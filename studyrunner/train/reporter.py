@@ -15,6 +15,10 @@ class Reporter(Protocol):
       corrupt checkpoint skipped).
     - `start(step: int)`: once per attempt, before any record, the step it starts from (the resumed
       checkpoint's step; 0 = from scratch). Notes about the resume come before it.
+    - `replay(records: list[dict])`: once per resumed attempt, right after `start`: every record the trial
+      made up to the checkpoint it resumed from (`{"step": s, **metrics}`, in order), as the checkpoint
+      holds them. A reporter that may have missed some (its driver died before recording them) keeps the
+      ones it lacks; for one that saw them all they are repeats.
     - `checkpointed(step: int)`: a checkpoint after `step` steps was written (after that step's record).
     - `tick(step: int)`: after every optimizer step (after its record and checkpoint): cheap liveness.
 
@@ -41,6 +45,10 @@ def send_facts(reporter: Reporter, values: dict[str, str]) -> None:
 
 def send_start(reporter: Reporter, step: int) -> None:
     _call(reporter, "start", step)
+
+
+def send_replay(reporter: Reporter, records: list[dict[str, float]]) -> None:
+    _call(reporter, "replay", [dict(r) for r in records])
 
 
 def send_checkpointed(reporter: Reporter, step: int) -> None:
@@ -75,6 +83,10 @@ class MemoryReporter:
 
     def checkpointed(self, step: int) -> None:
         self.checkpoint_steps.append(step)
+
+    def replay(self, records: list[dict[str, float]]) -> None:
+        have = {r["step"] for r in self.rows}
+        self.rows.extend(r for r in records if r["step"] not in have)
 
     def series(self, name: str) -> list[tuple[int, float]]:
         return [(r["step"], r[name]) for r in self.rows if name in r]

@@ -51,6 +51,7 @@ from .reporter import (
     send_checkpointed,
     send_facts,
     send_note,
+    send_replay,
     send_start,
     send_tick,
 )
@@ -106,6 +107,8 @@ def run_trial(
     store = _open_checkpoints(checkpoints, config, seed, reporter)
     progress = _resume(store, trial) if store is not None else Progress()
     send_start(reporter, progress.step)
+    if progress.step > 0:
+        send_replay(reporter, progress.records)
     trial.prefetch_from(progress.step)
     try:
         _train(trial, progress, store, reporter)
@@ -120,7 +123,7 @@ def run_trial(
 
 def _train(trial: TrialSetup, progress: Progress, store: Checkpoints | None, reporter: Reporter) -> None:
     if progress.step == 0:
-        reporter.log(0, dict(trial.static))
+        _log(reporter, progress, 0, dict(trial.static))
     trial.model.train()
     while progress.step < trial.steps:
         lr, tokens = train_step(trial, progress)
@@ -130,11 +133,16 @@ def _train(trial: TrialSetup, progress: Progress, store: Checkpoints | None, rep
             record.update(evaluate_and_record(trial.model, trial.task, trial.splits, done, trial.steps, trial.ev))
         if record:
             progress.last.update(record)
-            reporter.log(done, record)
+            _log(reporter, progress, done, record)
         if store is not None and store.due(done):  # after the record: it is never lost, at worst resent
             store.save(done, _capture(trial, progress))
             send_checkpointed(reporter, done)
         send_tick(reporter, done)
+
+
+def _log(reporter: Reporter, progress: Progress, step: int, record: dict[str, float]) -> None:
+    progress.records.append({"step": step, **record})  # before `log`, which may raise Diverged
+    reporter.log(step, record)
 
 
 @dataclass

@@ -9,6 +9,7 @@ PostgreSQL.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -559,3 +560,74 @@ def test_entrypoint_mlflow_role_serves_a_postgresql_store_and_proxies_artifacts(
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+# ---------------------------------------------------------------- the head and worker roles, for real
+
+
+NODE_CPUS = """
+import json, sys, time
+import ray
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+deadline = time.monotonic() + 120
+while len(alive := [n for n in ray.nodes() if n["Alive"]]) < 2 and time.monotonic() < deadline:
+    time.sleep(0.5)
+print(json.dumps(sorted(n["Resources"].get("CPU", 0.0) for n in alive)))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_entrypoint_head_and_worker_roles_make_a_cluster_whose_head_runs_no_trials(tmp_path):
+    """Real `ray start` processes from the entrypoint's command lines: a head and a worker on this machine,
+    on ports of their own, in a temp folder of their own, so no other Ray here is touched."""
+    temp = Path(tempfile.mkdtemp(prefix="srdk-", dir="/tmp"))  # Ray's socket paths must stay short
+    port = free_port()
+    env = {
+        "PATH": f"{BIN}{os.pathsep}/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "STUDYRUNNER_RAY_PORT": str(port),
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",  # stop at once at the end of the test
+    }
+    worker_env = {**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}
+    common = [f"--temp-dir={temp}", "--object-store-memory=100000000"]
+    nodes: list[subprocess.Popen] = []
+
+    def start(role: str, args: list[str], role_env: dict[str, str]) -> None:
+        log = open(tmp_path / f"{role}.log", "w")  # noqa: SIM115 - kept open for the process's life
+        cmd = ["bash", str(ENTRYPOINT), role, *args]
+        nodes.append(subprocess.Popen(cmd, env=role_env, stdout=log, stderr=log, start_new_session=True))
+
+    def healthy(role: str, role_env: dict[str, str]) -> None:
+        deadline = time.monotonic() + 120
+        while subprocess.run(["bash", str(ENTRYPOINT), "health", role], env=role_env, capture_output=True).returncode:
+            assert nodes[-1].poll() is None, (tmp_path / f"{role}.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, f"{role} not healthy in 120 s"
+            time.sleep(1)
+
+    try:
+        start("head", [*common, f"--ray-client-server-port={free_port()}", "--include-dashboard=false"], env)
+        healthy("head", env)
+        start("worker", ["--num-cpus=2", *common, f"--dashboard-agent-listen-port={free_port()}"], worker_env)
+        healthy("worker", worker_env)
+        # Each alive node's CPUs, as Ray's own state API reports them once both have registered.
+        cmd = [sys.executable, "-c", NODE_CPUS, f"127.0.0.1:{port}"]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads(done.stdout.splitlines()[-1]) == [0.0, 2.0]  # the worker's two; none on the head
+    finally:
+        for node in reversed(nodes):
+            node.send_signal(signal.SIGTERM)  # `ray start --block` stops the processes it started
+        for node in reversed(nodes):
+            try:
+                node.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.pid, signal.SIGKILL)  # whatever is left of its process group
+        shutil.rmtree(temp, ignore_errors=True)

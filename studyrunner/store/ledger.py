@@ -98,6 +98,11 @@ def submission_process_alive(row: SubmissionRow) -> bool:
     return started is None or started <= _aware(row.started_at) + timedelta(seconds=2)
 
 
+def _writable(path: Path) -> bool:
+    """Can SQLite write the file (and, for its journal, the folder it is in)?"""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+
+
 def _sqlite_path(url: str) -> Path | None:
     return Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
 
@@ -164,6 +169,11 @@ class Ledger:
         self.url = url
         self.read_mode: str | None = None
         path = _sqlite_path(url)
+        if not read_only and path is not None and path.is_file() and not _writable(path):
+            raise StudyrunnerError(
+                f"the results ledger {str(path)!r} cannot be written (a read-only location) and this command writes "
+                "to it: copy the workspace somewhere writable (status, results, analyze, verify, report read it as is)"
+            )
         with database_errors(url):
             if create and not read_only:
                 if path is not None:

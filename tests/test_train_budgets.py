@@ -165,3 +165,13 @@ def test_bad_settings_are_refused_naming_the_field(family, model, train, eval, m
     with pytest.raises(SpecError) as err:
         study(family=family, model=model, train=train, eval=eval)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_analysis_reads_budget_columns_as_test_time_depth():
+    import pandas as pd
+
+    from studyrunner.analysis.data import loops_columns
+
+    columns = ["eval_loss_loops_2", "eval_loss_budget_4", "eval_loss_budget_4_spread", "eval_loss_budget_4_steps_2_1_1"]
+    found = loops_columns(pd.DataFrame(columns=columns), "eval_loss")
+    assert found == {2: "eval_loss_loops_2", 4: "eval_loss_budget_4"}

@@ -101,9 +101,13 @@ def representation_diagnostics(states: list[torch.Tensor]) -> dict[str, float]:
             out[f"repr_cos_step_{t}"] = float(torch.nn.functional.cosine_similarity(prev, x, dim=-1).mean())
             norm = torch.linalg.matrix_norm(prev)
             out[f"repr_update_step_{t}"] = float(torch.linalg.matrix_norm(x - prev) / norm) if norm > 0 else 0.0
+    centred = [x - x.mean(0) for x in states]  # once per step, not once per pair
+    self_norms = [torch.linalg.matrix_norm(x.T @ x) for x in centred]
     for i in range(len(states)):
         for j in range(i + 1, len(states)):
-            out[f"repr_cka_{i}_{j}"] = linear_cka(states[i], states[j])
+            denom = self_norms[i] * self_norms[j]
+            cross = torch.linalg.matrix_norm(centred[j].T @ centred[i]) ** 2
+            out[f"repr_cka_{i}_{j}"] = float(cross / denom) if denom > 0 else 0.0
     adjacent = [out[f"repr_cka_{t - 1}_{t}"] for t in range(1, len(states))]
     out["repr_cka_adjacent_mean"] = sum(adjacent) / len(adjacent)
     return out

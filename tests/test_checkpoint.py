@@ -36,6 +36,8 @@ FAMILIES = {
     "looped": ("loops: 2", ""),
     # a halting family mid-way through its ponder warmup at every checkpoint
     "ut_act": ("loops: 3, memory_slots: 2, act: true", "ponder_lambda: 0.01, ponder_lambda_warmup_steps: 8"),
+    # a shortcut trajectory drawn from torch's generator in every training forward
+    "loopformer": ("loops: 4, shortcut_sampler: grid_sequential", ""),
 }
 TIMING = {"tokens_per_sec", "step_time_ms", "train_time_s"}  # wall-clock: never reproducible
 

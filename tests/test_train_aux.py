@@ -35,10 +35,12 @@ def test_linear_warmup_rises_from_zero():
 
 def test_every_aux_term_has_a_schedule_and_unknown_terms_fail_loudly():
     train = {"ponder_lambda": 0.1, "ponder_lambda_warmup_steps": 10, "regulariser_lambda": 2.0}
-    assert aux_weights(5, train, AUX_TERMS) == {"ponder": 0.05, "regulariser": 2.0}
-    assert aux_weights(5, {}, AUX_TERMS) == {"ponder": 0.0, "regulariser": 0.0}  # unset = 0
-    with pytest.raises(KeyError, match="consistency"):
-        aux_weights(0, train, ["consistency"])
+    assert aux_weights(5, train, ["ponder", "regulariser"]) == {"ponder": 0.05, "regulariser": 2.0}
+    assert aux_weights(5, {}, ["ponder", "regulariser"]) == {"ponder": 0.0, "regulariser": 0.0}  # unset = 0
+    assert aux_weights(5, {}, ["shortcut", "consistency"]) == {"shortcut": 0.1, "consistency": 0.1}  # LoopFormer's
+    assert set(aux_weights(0, {}, AUX_TERMS)) == set(AUX_TERMS)
+    with pytest.raises(KeyError, match="telepathy"):
+        aux_weights(0, train, ["telepathy"])
 
 
 def test_ponder_weight_warms_up_and_router_diagnostics_are_logged():

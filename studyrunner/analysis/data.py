@@ -28,7 +28,8 @@ DONE = ("succeeded", "failed", "diverged")
 FAILED_STATUSES = ("failed", "diverged")
 # Short selector keys and the trial-frame columns they stand for.
 ALIASES = {"family": "model.family", "task": "task.name", "cell": "cell", "baseline": "baseline", "seed": "seed"}
-_LOOPS_COLUMN = re.compile(r"^(?P<metric>.+)_loops_(?P<n>\d+)$")
+# Test-time depth columns: `{metric}_loops_{n}` (eval.loops) and `{metric}_budget_{n}` (eval.budgets), one mechanism.
+_LOOPS_COLUMN = re.compile(r"^(?P<metric>.+)_(?:loops|budget)_(?P<n>\d+)$")
 
 
 @dataclass
@@ -142,7 +143,7 @@ def depth_at_loops(row: pd.Series, loops: int) -> float:
 
 
 def loops_columns(frame: pd.DataFrame, metric: str) -> dict[int, str]:
-    """{n: column} of the `{metric}_loops_{n}` columns (test-time depth) present in a trial frame."""
+    """{n: column} of the `{metric}_loops_{n}` / `{metric}_budget_{n}` columns (test-time depth) in a trial frame."""
     out = {}
     for col in frame.columns:
         m = _LOOPS_COLUMN.match(col)

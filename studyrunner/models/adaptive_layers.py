@@ -45,6 +45,7 @@ from .halting import HaltingRouter, PonderNet
 from .memory import GatedMemory, MemoryBank
 from .output import ModelOutput
 from .registry import TaskFactsLike, register_family
+from .representations import trace_step
 
 
 class AdaptiveLayersParams(CoreParams):
@@ -88,6 +89,9 @@ class AdaptiveLayersParams(CoreParams):
 
     def grad_norm_groups(self) -> set[str]:
         return {"router"} if self.loops > 1 else set()
+
+    def traced_steps(self) -> int:
+        return self.n_layers * self.loops  # every layer's steps in turn: one per block application
 
     def diagnostic_names(self) -> set[str]:
         names: set[str] = set()
@@ -134,9 +138,10 @@ class AdaptiveLayer(nn.Module):
         return F.softplus(self.loop_scale[(t - 1) % self.p.loops])
 
     def forward(
-        self, h: torch.Tensor, steps: int, global_bank: MemoryBank | None, record: dict | None
+        self, h: torch.Tensor, steps: int, global_bank: MemoryBank | None, record: dict | None, trace=None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(output state, E[n] per token or None without halting); `record` collects diagnostics."""
+        """(output state, E[n] per token or None without halting); `record` collects diagnostics and
+        `trace` (a `representations.StepTrace`, when set) the state after every step."""
         if steps > 1 and self.router is None:
             raise ValueError("this model was trained with loops=1: it has no halting router to run more steps")
         gates = {} if record is not None else None
@@ -146,6 +151,8 @@ class AdaptiveLayer(nn.Module):
             h = self.block(h) if s is None else h + s * (self.block(h) - h)
             if self.memory is not None and self.p.memory_read == "every_step":
                 h = self.memory(h, global_bank, gates)
+            if trace is not None:
+                trace(h)
             if halting is not None:
                 step_feature = h.new_full((*h.shape[:-1], 1), t / self.p.loops)
                 p = self.router(torch.cat([h, step_feature], dim=-1))
@@ -190,9 +197,10 @@ class AdaptiveLayers(nn.Module):
         h = self.embed(tokens)
         records: list[dict] = []
         expected: list[torch.Tensor] = []
+        trace_step(self, h)
         for layer in self.layers:
             record = {} if diagnose else None
-            h, e = layer(h, steps, self.global_bank, record)
+            h, e = layer(h, steps, self.global_bank, record, getattr(self, "step_trace", None))
             if e is not None:
                 expected.append(e.mean())
             if record is not None:

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..params import StrictParams
 from .output import aux_metric_names, grad_norm_metric_names
+from .representations import representation_names
 
 
 class CoreParams(StrictParams):
@@ -96,12 +97,18 @@ class CoreParams(StrictParams):
         """Every name the model may put in ModelOutput.diagnostics (at the trained depth)."""
         return set()
 
+    def traced_steps(self) -> int:
+        """Loop steps the model hands to `representations.trace_step` at its trained depth (at most):
+        the representation diagnostics the evaluator measures are named for these. Default: `loops`."""
+        return getattr(self, "loops", 0)
+
     def metric_names(self) -> set[str]:
-        """Every metric this config adds to the trainer's vocabulary: its diagnostics, the trainer's
-        records of its aux terms and gradient groups, and halt_collapsed for a halting model. A built
+        """Every metric this config adds to the trainer's vocabulary: its diagnostics, the evaluator's
+        representation diagnostics of its loop steps, the trainer's records of its aux terms and
+        gradient groups, and halt_collapsed for a halting model. A built
         model carries this set as its `diagnostic_names` attribute (what a study's metric.name is
         checked against)."""
-        names = self.diagnostic_names()
+        names = self.diagnostic_names() | representation_names(self.traced_steps())
         halting = {"halt_collapsed"} if "ponder_steps_fraction" in names else set()
         return names | halting | aux_metric_names(self.aux_terms()) | grad_norm_metric_names(self.grad_norm_groups())
 

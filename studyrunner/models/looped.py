@@ -30,6 +30,7 @@ from .memory import AttentionMass, MemoryTokens, probing
 from .output import ModelOutput
 from .registry import TaskFactsLike, register_family
 from .regularisers import block_distance, parameter_groups
+from .representations import trace_step
 
 
 class LoopedParams(CoreParams):
@@ -116,9 +117,11 @@ class LoopedTransformer(nn.Module):
         """Prefix layers once, the block `loops` times (default: the trained count), suffix layers once."""
         for block in self.prefix:
             h = block(h, positions)
+        trace_step(self, h)
         for _ in range(self.loops if loops is None else loops):
             for block in self.blocks:
                 h = block(h, positions)
+            trace_step(self, h)
         for block in self.suffix:
             h = block(h, positions)
         return h

@@ -12,6 +12,10 @@ import torch
 AUX_TERMS: dict[str, tuple[str, ...]] = {
     "ponder": ("ponder_lambda", "ponder_lambda_warmup_steps"),  # halting cost (ACT N+R, PonderNet steps)
     "regulariser": ("regulariser_lambda",),  # looping regulariser: distance between blocks l and l+k
+    # LoopFormer objectives (seed 004): the task loss of the short run (its logits in aux_logits), and
+    # the distance of its final state to the full run's (detached). Unset weights are the paper's 0.1.
+    "shortcut": ("shortcut_lambda",),
+    "consistency": ("consistency_lambda",),
 }
 
 
@@ -34,3 +38,7 @@ class ModelOutput:
     # Flat scalar diagnostics (halting probabilities, gate values, ...), logged as metrics by name.
     # Filled only when forward is called with diagnose=True (the trainer does so at evaluation).
     diagnostics: dict[str, float] = field(default_factory=dict)
+    # Logits of extra predictions whose loss needs the task's targets (LoopFormer's short run): the
+    # trainer scores each with the task's own loss and adds it to `aux` under the same name, so it is
+    # weighted like any aux term. Filled only in training forwards that make them.
+    aux_logits: dict[str, torch.Tensor] = field(default_factory=dict)

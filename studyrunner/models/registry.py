@@ -6,7 +6,12 @@ The builder receives the validated params and the task's facts (an object with `
   trained (test-time depth); `diagnose` fills `ModelOutput.diagnostics` (the trainer asks at eval);
 - `effective_depth` (int) and `loops` (the trained loop count);
 - `diagnostic_names` (set[str]): every metric name the model adds, from `params.metric_names()`;
-- optionally `grad_norm_groups() -> {group: [parameters]}`, logged as `{group}_grad_norm`.
+- optionally `grad_norm_groups() -> {group: [parameters]}`, logged as `{group}_grad_norm`;
+- optionally `configure(train, eval)`: called once by the trainer with the resolved `train` and `eval`
+  sections, for a family that reads knobs of its own there (LoopFormer: `train.trajectory`);
+- a call to `representations.trace_step(self, h)` with the state entering its loop and after every
+  loop step, so the evaluator can measure the representation diagnostics of each step (named for
+  `params.traced_steps()` steps: `loops` by default).
 Params models subclass `core.CoreParams` and declare `aux_terms()` (the keys of ModelOutput.aux a
 config returns), which the compiler uses to reject `train.*` weights for terms a config lacks.
 It must build on `torch.device("meta")` (how `plan` counts parameters).

@@ -36,6 +36,7 @@ from .halting import ACT, HaltingRouter
 from .memory import AttentionMass, MemoryTokens, probing
 from .output import ModelOutput
 from .registry import TaskFactsLike, register_family
+from .representations import trace_step
 
 
 class UTActParams(CoreParams):
@@ -129,13 +130,16 @@ class UTAct(nn.Module):
         probs: list[torch.Tensor] = []
         probe = AttentionMass(self.p.memory_slots) if diagnose and self.memory is not None else None
         with probing(self, probe) if probe is not None else contextlib.nullcontext():
+            trace_step(self, h)
             for n in range(steps):
                 h_new = self.block(h + self.step_embed.weight[n % self.loops], positions)
                 if act is None:
                     h = h_new
+                    trace_step(self, h)
                     continue
                 p = self.router(h_new)
                 h = act.step(p, h, h_new)
+                trace_step(self, h)
                 if diagnose:
                     probs.append(p.detach())
         y = h if act is None else act.output

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..models import build_model
 from ..tasks import build_task
+from ..train.evaluation import depth_metric_names
 from ..train.metrics import TRAINER_METRICS
 from .errors import spec_error
 
@@ -63,8 +64,10 @@ def check_feasible(compiled: CompiledStudy) -> None:
                 compiled.warnings.append(warning)
         task_metrics = task.reported_metrics()
         reported |= task_metrics
-        for n in cell.config["eval"].get("loops") or []:  # test-time depth: eval_accuracy_loops_8, ...
-            reported |= {f"{name}_loops_{n}" for name in task_metrics}
+        # other depths (eval.loops, eval.budgets): eval_accuracy_loops_8, eval_loss_budget_4, ...
+        headline = ["eval_loss", *(f"eval_{kind}" for kind in task.metric_kinds)]
+        grid = cell.config["model"]["params"].get("loops")
+        reported |= depth_metric_names(cell.config["eval"], task_metrics, headline, grid)
 
     metric = study.metric.name
     if metric in reported:

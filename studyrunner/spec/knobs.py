@@ -37,8 +37,11 @@ def knob_problem(family: FamilyEntry, resolved: dict[str, Any]) -> tuple[tuple, 
         except ValueError as exc:
             return ("train", "vectorize_seeds"), str(exc).removeprefix("train.vectorize_seeds").lstrip(": ")
     ev = resolved["eval"]
-    if ev.get("loops") is not None and "loops" not in family.params_model.model_fields:
-        return ("eval", "loops"), f"model family {family.name!r} has no loops to vary at evaluation"
+    for knob in ("loops", "budgets"):
+        if ev.get(knob) is not None and "loops" not in family.params_model.model_fields:
+            return ("eval", knob), f"model family {family.name!r} has no loops to vary at evaluation"
+    if problem := _trajectory_problem(family, params, resolved):
+        return problem
     if ev.get("halt_collapse_fraction") is not None:
         names = params.diagnostic_names() if hasattr(params, "diagnostic_names") else set()
         if "ponder_steps_fraction" not in names:
@@ -47,3 +50,17 @@ def knob_problem(family: FamilyEntry, resolved: dict[str, Any]) -> tuple[tuple, 
                 f"model family {family.name!r} does not halt with these params, so nothing can collapse",
             )
     return None
+
+
+def _trajectory_problem(family: FamilyEntry, params: Any, resolved: dict[str, Any]) -> tuple[tuple, str] | None:
+    """train.trajectory / eval.trajectory on a config that takes no step sizes, or that does not fit
+    them (too long, no budget to apply to, ...): the family's `trajectory_problem` says which."""
+    train, ev = resolved["train"].get("trajectory"), resolved["eval"].get("trajectory")
+    if train is None and ev is None:
+        return None
+    check = getattr(params, "trajectory_problem", None)
+    if check is None:
+        loc = ("train", "trajectory") if train is not None else ("eval", "trajectory")
+        return loc, f"model family {family.name!r} takes no trajectories (family loopformer does)"
+    depths = [*(resolved["eval"].get("budgets") or []), *(resolved["eval"].get("loops") or [])]
+    return check(train, ev, depths)

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
+    BeforeValidator,
     Field,
     PrivateAttr,
     SerializerFunctionWrapHandler,
@@ -48,7 +49,22 @@ class ModelSection(Strict):
     params: dict[str, Any] = Field(default_factory=dict, description="Family parameters (per-family schema).")
 
 
-_AUX_WEIGHT_KNOBS = frozenset({"ponder_lambda", "ponder_lambda_warmup_steps", "regulariser_lambda"})
+_AUX_WEIGHT_KNOBS = frozenset(
+    {"ponder_lambda", "ponder_lambda_warmup_steps", "regulariser_lambda", "shortcut_lambda", "consistency_lambda"}
+)
+# A trajectory schedule (models/trajectories.py): a name, {geometric: RATIO} or a list of step sizes.
+Schedule = str | list[float] | dict[str, float]
+
+
+def _schedule(evaluation: bool):
+    def check(value: Any) -> Any:
+        from ..models.trajectories import parse_spec
+
+        return None if value is None else parse_spec(value, evaluation=evaluation)
+
+    return check
+
+
 _RUNTIME_KNOBS = frozenset({"device", "precision", "compile"})
 
 
@@ -76,6 +92,26 @@ class TrainSection(Strict):
         le=1e3,
         description="Weight of the looping regulariser (seed 002 used 1 and 10); positive pulls blocks "
         "together, negative is the paper's equation read literally.",
+    )
+    shortcut_lambda: float | None = Field(
+        None,
+        ge=0,
+        le=1e3,
+        description="Weight of the short run's task loss (LoopFormer objectives other than fixed); unset = 0.1, "
+        "the paper's.",
+    )
+    consistency_lambda: float | None = Field(
+        None,
+        ge=0,
+        le=1e3,
+        description="Weight of the consistency term MSE(sg(h_full), h_short) (objectives *_consistency); unset = "
+        "0.1, the paper's.",
+    )
+    trajectory: Annotated[Schedule | None, BeforeValidator(_schedule(evaluation=False))] = Field(
+        None,
+        description="The trajectory trained at full depth (family loopformer, conditioning time_step): uniform "
+        "(unset), front_loaded, back_loaded, {geometric: RATIO} or a list of step sizes summing to 1 (at most "
+        "`loops` of them).",
     )
     checkpoint_every: int | None = Field(
         None,
@@ -111,7 +147,9 @@ class TrainSection(Strict):
 
     @model_serializer(mode="wrap")
     def _omit_unset_knobs(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _omit_unset(handler(self), _AUX_WEIGHT_KNOBS | _RUNTIME_KNOBS | {"checkpoint_every", "vectorize_seeds"})
+        return _omit_unset(
+            handler(self), _AUX_WEIGHT_KNOBS | _RUNTIME_KNOBS | {"checkpoint_every", "vectorize_seeds", "trajectory"}
+        )
 
     @field_validator("betas")
     @classmethod
@@ -138,6 +176,19 @@ class EvalSection(Strict):
         description="Test-time depth: after training, evaluate at each of these loop counts too (more than "
         "trained included), logging eval_accuracy_loops_{n} and eval_exact_match_loops_{n}.",
     )
+    budgets: list[int] | None = Field(
+        None,
+        min_length=1,
+        description="After training, evaluate the same model at each of these budgets (loop steps), logging "
+        "eval_{metric}_budget_{M}: exactly M steps (loopformer: the M-step trajectory of eval.trajectory, "
+        "uniform by default; other families: forward(..., loops=M)). The same mechanism as eval.loops.",
+    )
+    trajectory: Annotated[Schedule | None, BeforeValidator(_schedule(evaluation=True))] = Field(
+        None,
+        description="The trajectory of each budget (eval.budgets, eval.loops; loopformer with conditioning "
+        "time_step): uniform (unset), front_loaded, back_loaded, {geometric: RATIO}, a list of step sizes, or "
+        "enumerate_all: every trajectory on the 1/L grid, logging each and their spread.",
+    )
     halt_collapse_fraction: float | None = Field(
         None,
         gt=0,
@@ -146,7 +197,7 @@ class EvalSection(Strict):
         "fraction of loops (the shallow-halt trap); unset = 0.5. Halting families only.",
     )
 
-    @field_validator("loops")
+    @field_validator("loops", "budgets")
     @classmethod
     def _loops_positive(cls, v: list[int] | None) -> list[int] | None:
         if v is not None and (any(n < 1 or n > 4096 for n in v) or len(set(v)) != len(v)):
@@ -155,7 +206,7 @@ class EvalSection(Strict):
 
     @model_serializer(mode="wrap")
     def _omit_unset_knobs(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _omit_unset(handler(self), frozenset({"loops", "halt_collapse_fraction"}))
+        return _omit_unset(handler(self), frozenset({"loops", "halt_collapse_fraction", "budgets", "trajectory"}))
 
 
 class Resources(Strict):

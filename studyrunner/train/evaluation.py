@@ -1,26 +1,47 @@
-"""Evaluation on the held-out splits, and the eval part of a step's record."""
+"""Evaluation on the held-out splits, and the eval part of a step's record.
+
+Other depths than the trained one are one mechanism: `eval.loops: [n]` (names `_loops_{n}`) and
+`eval.budgets: [M]` (names `_budget_{M}`) both evaluate `forward(tokens, loops=M)`, M steps, once
+after the last step; `eval.trajectory` says which M-step trajectory a family with trajectories runs
+(`enumerate_all`: every one on its 1/L grid, each logged, with their spread). At the trained depth
+the model's diagnostics are filled in, and the representation diagnostics of its loop steps
+(models/representations.py) are measured on a fixed probe batch: the first examples of the first split.
+"""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
 import torch
 
+from ..models.representations import tracing
+from ..models.trajectories import ENUMERATE_ALL, front_loading, grid_label, grid_trajectories, schedule
 from ..tasks import Batch, Task
 
 EVAL_CHUNK = 256  # examples per eval forward: bounds memory for long sequences
+PROBE_EXAMPLES = 64  # the probe batch of the representation diagnostics
+SCHEDULE_SUMMARIES = ("min", "max", "spread", "front_rho")
 
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module, task: Task, splits: dict[str, Batch], loops: int | None = None
+    model: torch.nn.Module,
+    task: Task,
+    splits: dict[str, Batch],
+    loops: int | None = None,
+    *,
+    trajectory: list[float] | None = None,
 ) -> dict[str, float]:
     """Loss, accuracy, exact match (and model diagnostics) per split; unsuffixed names are split means.
 
-    `loops` evaluates at another depth than trained (test-time depth); diagnostics are then skipped."""
+    `loops` evaluates at another depth than trained (test-time depth), `trajectory` runs that trajectory
+    (families with trajectories); diagnostics are then skipped."""
     was_training = model.training
     model.eval()
+    diagnose = loops is None and trajectory is None
+    kwargs = {} if trajectory is None else {"trajectory": trajectory}
     out: dict[str, float] = {}
     totals: dict[str, list[float]] = defaultdict(list)
     diagnostics: dict[str, list[float]] = defaultdict(list)
@@ -28,7 +49,7 @@ def evaluate(
         sums: dict[str, float] = defaultdict(float)
         for start in range(0, len(data), EVAL_CHUNK):
             chunk = data.slice(start, start + EVAL_CHUNK)
-            result = model(chunk.inputs, loops=loops, diagnose=loops is None)
+            result = model(chunk.inputs, loops=loops, diagnose=diagnose, **kwargs)
             n = len(chunk)
             sums["loss"] += task.loss(result.logits, chunk).item() * n
             for name, value in task.metrics(result.logits, chunk).items():
@@ -44,20 +65,120 @@ def evaluate(
     # many splits its task has.
     out.update({f"eval_{name}": sum(v) / len(v) for name, v in totals.items()})
     out.update({name: sum(v) / len(v) for name, v in diagnostics.items()})
+    if diagnose and splits:
+        out.update(probe_representations(model, next(iter(splits.values()))))
     model.train(was_training)
     return out
+
+
+@torch.no_grad()
+def probe_representations(model: torch.nn.Module, data: Batch) -> dict[str, float]:
+    """The representation diagnostics of one forward on the first PROBE_EXAMPLES examples of `data`
+    (empty for a family that traces no loop steps)."""
+    with tracing(model) as trace:
+        model(data.inputs[:PROBE_EXAMPLES])
+    return trace.result()
+
+
+def depth_settings(ev: dict[str, Any]) -> list[tuple[str, int]]:
+    """(name suffix, loop steps) of every evaluation at another depth: eval.loops, then eval.budgets."""
+    return [(f"_loops_{n}", n) for n in ev.get("loops") or []] + [(f"_budget_{m}", m) for m in ev.get("budgets") or []]
+
+
+def schedule_names(headline: list[str], suffix: str, grid: int, m: int) -> set[str]:
+    """Names `enumerate_all` logs at one depth: each grid trajectory's, and their summaries."""
+    labels = [grid_label(steps, grid) for steps in grid_trajectories(grid, m)]
+    names = {f"{name}{suffix}_steps_{label}" for name in headline for label in labels}
+    return names | {f"{name}{suffix}_{summary}" for name in headline for summary in SCHEDULE_SUMMARIES}
+
+
+def depth_metric_names(ev: dict[str, Any], task_metrics: set[str], headline: list[str], grid: int | None) -> set[str]:
+    """Every name `evaluate_depths` reports for this eval section (what `validate` checks metric.name against):
+    `task_metrics` are the task's eval names, `headline` the unsuffixed ones, `grid` the model's L."""
+    names: set[str] = set()
+    for suffix, m in depth_settings(ev):
+        names |= {f"{name}{suffix}" for name in task_metrics}
+        if ev.get("trajectory") == ENUMERATE_ALL and grid is not None:
+            names |= schedule_names(headline, suffix, grid, m)
+    return names
+
+
+def evaluate_depths(
+    model: torch.nn.Module, task: Task, splits: dict[str, Batch], ev: dict[str, Any]
+) -> dict[str, float]:
+    """Every evaluation at another depth (eval.loops, eval.budgets), under eval.trajectory."""
+    spec = ev.get("trajectory")
+    record: dict[str, float] = {}
+    for suffix, m in depth_settings(ev):
+        trajectory = schedule(spec, m) if spec is not None and spec != ENUMERATE_ALL else None
+        at_depth = evaluate(model, task, splits, loops=m, trajectory=trajectory)
+        record.update({f"{name}{suffix}": value for name, value in at_depth.items()})
+        if spec == ENUMERATE_ALL:
+            record.update(evaluate_schedules(model, task, splits, m, suffix))
+    return record
+
+
+def evaluate_schedules(
+    model: torch.nn.Module, task: Task, splits: dict[str, Batch], m: int, suffix: str
+) -> dict[str, float]:
+    """Every M-step trajectory on the model's 1/L grid (LoopFormer §4.4): each one's headline metrics as
+    `{name}{suffix}_steps_{units}` (step sizes in grid units, e.g. _steps_4_2_1_1), and across them
+    `_min`, `_max`, `_spread` (max - min) and `_front_rho`: the Spearman correlation of the metric with
+    how front-loaded the trajectory is (`trajectories.front_loading`; omitted when either is constant)."""
+    grid = model.trajectory_grid
+    headline = ["eval_loss", *(f"eval_{kind}" for kind in task.metric_kinds)]
+    trajectories = grid_trajectories(grid, m)
+    values: dict[str, list[float]] = defaultdict(list)
+    record: dict[str, float] = {}
+    for steps in trajectories:
+        at = evaluate(model, task, splits, trajectory=steps)
+        for name in headline:
+            record[f"{name}{suffix}_steps_{grid_label(steps, grid)}"] = at[name]
+            values[name].append(at[name])
+    fronts = [front_loading(steps) for steps in trajectories]
+    for name, series in values.items():
+        record[f"{name}{suffix}_min"], record[f"{name}{suffix}_max"] = min(series), max(series)
+        record[f"{name}{suffix}_spread"] = max(series) - min(series)
+        rho = spearman(fronts, series)
+        if rho is not None:
+            record[f"{name}{suffix}_front_rho"] = rho
+    return record
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):  # ties share their average rank
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    return ranks
+
+
+def spearman(x: list[float], y: list[float]) -> float | None:
+    """Spearman's rank correlation (ties averaged); None when either side is constant."""
+    rx, ry = _ranks(x), _ranks(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    if sxx == 0 or syy == 0:
+        return None
+    return sxy / math.sqrt(sxx * syy)
 
 
 def evaluate_and_record(
     model: torch.nn.Module, task: Task, splits: dict[str, Batch], done: int, steps: int, ev: dict[str, Any]
 ) -> dict[str, float]:
     """The eval part of the record after `done` steps: every `eval.every` steps and at the last step;
-    at the last step also the test-time depths (`eval.loops`), once, as eval_*_loops_{n}."""
+    at the last step also the other depths (`eval.loops`, `eval.budgets`), once, as eval_*_loops_{n}
+    and eval_*_budget_{M}."""
     record: dict[str, float] = {}
     if done % ev["every"] == 0 or done == steps:
         record.update(evaluate(model, task, splits))
     if done == steps:
-        for n in ev.get("loops") or []:
-            at_depth = evaluate(model, task, splits, loops=n)
-            record.update({f"{name}_loops_{n}": value for name, value in at_depth.items()})
+        record.update(evaluate_depths(model, task, splits, ev))
     return record

@@ -2,7 +2,9 @@
 
 A family returns raw terms by name (`ModelOutput.aux`); the trainer multiplies each by its weight
 here and adds it to the task loss. Unset knobs weigh 0, so a term a family always computes (the
-regulariser's distance, the ponder cost) is still logged as `train_{term}` at no effect on training.
+regulariser's distance, the ponder cost) is still logged as `train_{term}` at no effect on training;
+except LoopFormer's two terms, which a config produces only when its objective asks for them, and
+whose unset weight is the paper's 0.1.
 """
 
 from __future__ import annotations
@@ -24,11 +26,21 @@ def ponder_weight(step: int, train: dict[str, Any]) -> float:
     return lam * linear_warmup(step, train.get("ponder_lambda_warmup_steps") or 0)
 
 
+# LoopFormer's λ1 = λ2 = 0.1 "in all experiments" (seed 004): what an unset shortcut/consistency weight means.
+LOOPFORMER_LAMBDA = 0.1
+
+
+def _or_default(value: float | None, default: float) -> float:
+    return float(default if value is None else value)
+
+
 def aux_weights(step: int, train: dict[str, Any], terms) -> dict[str, float]:
     """Weight of each of `terms` at 0-based `step`; an unknown term is a family bug, not a silent 0."""
     schedules = {
         "ponder": lambda: ponder_weight(step, train),
         "regulariser": lambda: float(train.get("regulariser_lambda") or 0.0),
+        "shortcut": lambda: _or_default(train.get("shortcut_lambda"), LOOPFORMER_LAMBDA),
+        "consistency": lambda: _or_default(train.get("consistency_lambda"), LOOPFORMER_LAMBDA),
     }
     unknown = sorted(set(terms) - set(schedules))
     if unknown:

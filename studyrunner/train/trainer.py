@@ -200,6 +200,8 @@ def build_trial(config: dict[str, Any], seed: int, device: str | torch.device | 
     torch.manual_seed(seed)
     task = build_task(config["task"]["name"], config["task"]["params"], seed)
     model = build_model(config["model"]["family"], config["model"]["params"], task.facts).to(runtime.device)
+    if hasattr(model, "configure"):  # a family that reads train/eval knobs of its own (train.trajectory)
+        model.configure(train, ev)
     optimizer = make_optimizer(model, train["lr"], train["weight_decay"], tuple(train["betas"]), fused=runtime.on_cuda)
     splits = {name: runtime.to_device(batch) for name, batch in task.eval_sets(ev["examples"]).items()}
     static = {"params": float(count_params(model)), "effective_depth": float(model.effective_depth)}
@@ -220,6 +222,8 @@ def train_step(trial: TrialSetup, progress: Progress) -> tuple[float, int]:
     with trial.runtime.autocast():
         result = trial.step_model(batch.inputs)
         loss = trial.task.loss(result.logits, batch)
+        for name, logits in result.aux_logits.items():  # extra predictions, scored like the main one
+            result.aux[name] = trial.task.loss(logits, batch)
         weights = aux_weights(step, trial.train, result.aux)
         for name, term in result.aux.items():
             loss = loss + weights[name] * term

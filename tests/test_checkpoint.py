@@ -226,3 +226,26 @@ def test_format_detects_damage_and_writes_atomically(tmp_path):
     (tmp_path / "a" / "b" / ".tmp-dead-step-000000001.ckpt").write_bytes(b"half")  # a writer that died
     run_trial(config(), 0, checkpoints=storage)
     assert storage.names() == [checkpoint_name(11), checkpoint_name(12)]  # no temporary files left behind
+
+
+def test_a_checkpoint_from_before_a_new_aux_term_resumes_but_a_changed_weight_is_refused(tmp_path):
+    """Checkpoints record every aux term's weight; a term added to the code since (a new family's) is a new
+    knob, not a change of schedule, so older checkpoints stay usable; a weight that differs is refused."""
+    from studyrunner.train.checkpoint import decode, encode
+
+    cfg = config(checkpoint_every=4)
+    interrupt(cfg, tmp_path, at=9)
+    path = tmp_path / checkpoint_name(8)
+    state = decode(path.read_bytes())
+    state["schedule"]["aux_weights"].pop("consistency")  # as written before that term existed
+    path.write_bytes(encode(state))
+    final = run_trial(cfg, 0, checkpoints=tmp_path)
+    assert strip(final) == uninterrupted("looped")[0]
+
+    interrupt(cfg, tmp_path / "b", at=9)
+    path = tmp_path / "b" / checkpoint_name(8)
+    state = decode(path.read_bytes())
+    state["schedule"]["aux_weights"]["regulariser"] = 0.5
+    path.write_bytes(encode(state))
+    with pytest.raises(CheckpointMismatch, match="the schedule code changed"):
+        run_trial(cfg, 0, checkpoints=tmp_path / "b")

@@ -175,3 +175,28 @@ def test_analysis_reads_budget_columns_as_test_time_depth():
     columns = ["eval_loss_loops_2", "eval_loss_budget_4", "eval_loss_budget_4_spread", "eval_loss_budget_4_steps_2_1_1"]
     found = loops_columns(pd.DataFrame(columns=columns), "eval_loss")
     assert found == {2: "eval_loss_loops_2", 4: "eval_loss_budget_4"}
+
+
+def test_representation_diagnostics_can_be_turned_off_without_changing_the_cell_hash():
+    from conftest import TINY_STUDY
+
+    from studyrunner.spec import compile_study, loads
+
+    def with_eval(extra: str):
+        base = "eval: {every: 6, examples: 32"
+        return compile_study(loads(TINY_STUDY.replace(base + "}", base + extra + "}")))
+
+    plain, off, on = with_eval(""), with_eval(", representations: false"), with_eval(", representations: true")
+    assert [c.cell_hash for c in plain.cells] != [c.cell_hash for c in off.cells]  # set: part of the config
+    assert "representations" not in plain.cells[0].config["eval"]  # unset: out of the config and hash
+    names = lambda compiled: {k for r in _rows(compiled) for k in r}  # noqa: E731
+    assert any(k.startswith("repr_") for k in names(on)) and not any(k.startswith("repr_") for k in names(off))
+
+
+def _rows(compiled):
+    from studyrunner.train import MemoryReporter, run_trial
+
+    reporter = MemoryReporter()
+    trial = compiled.trials[0]
+    run_trial(trial.config, trial.seed, reporter)
+    return reporter.rows

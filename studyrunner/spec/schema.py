@@ -196,6 +196,12 @@ class EvalSection(Strict):
         description="Final metric halt_collapsed = 1 when the final mean halting depth is below this "
         "fraction of loops (the shallow-halt trap); unset = 0.5. Halting families only.",
     )
+    representations: bool | None = Field(
+        None,
+        description="Representation diagnostics of the loop steps (repr_cos_step_t, repr_update_step_t, "
+        "repr_erank_step_t, repr_cka_i_j, ...) at every evaluation, on a probe batch of 64 examples; unset = "
+        "true. false saves their cost (about a quarter of an evaluation) and their metrics.",
+    )
 
     @field_validator("loops", "budgets")
     @classmethod
@@ -206,7 +212,8 @@ class EvalSection(Strict):
 
     @model_serializer(mode="wrap")
     def _omit_unset_knobs(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _omit_unset(handler(self), frozenset({"loops", "halt_collapse_fraction", "budgets", "trajectory"}))
+        knobs = frozenset({"loops", "halt_collapse_fraction", "budgets", "trajectory", "representations"})
+        return _omit_unset(handler(self), knobs)
 
 
 class Resources(Strict):

@@ -33,6 +33,7 @@ def evaluate(
     loops: int | None = None,
     *,
     trajectory: list[float] | None = None,
+    representations: bool = True,
 ) -> dict[str, float]:
     """Loss, accuracy, exact match (and model diagnostics) per split; unsuffixed names are split means.
 
@@ -65,7 +66,7 @@ def evaluate(
     # many splits its task has.
     out.update({f"eval_{name}": sum(v) / len(v) for name, v in totals.items()})
     out.update({name: sum(v) / len(v) for name, v in diagnostics.items()})
-    if diagnose and splits:
+    if diagnose and representations and splits:
         out.update(probe_representations(model, next(iter(splits.values()))))
     model.train(was_training)
     return out
@@ -178,7 +179,7 @@ def evaluate_and_record(
     and eval_*_budget_{M}."""
     record: dict[str, float] = {}
     if done % ev["every"] == 0 or done == steps:
-        record.update(evaluate(model, task, splits))
+        record.update(evaluate(model, task, splits, representations=ev.get("representations") is not False))
     if done == steps:
         record.update(evaluate_depths(model, task, splits, ev))
     return record

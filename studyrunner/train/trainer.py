@@ -301,12 +301,22 @@ def _capture(trial: TrialSetup, progress: Progress) -> dict[str, Any]:
     }
 
 
+def _same_schedule(saved: dict[str, Any], now: dict[str, Any]) -> bool:
+    """The schedule a checkpoint recorded is this code's: the step, lr and the weight of every aux term it
+    knew (terms added to AUX_TERMS since it was written are new knobs, not a change)."""
+    weights = now["aux_weights"]
+    same_weights = all(weights.get(term) == value for term, value in saved["aux_weights"].items())
+    return same_weights and {k: v for k, v in saved.items() if k != "aux_weights"} == {
+        k: v for k, v in now.items() if k != "aux_weights"
+    }
+
+
 def _resume(store: Checkpoints, trial: TrialSetup) -> Progress:
     state = store.latest()
     if state is None:
         return Progress()
     progress = Progress.from_state_dict(state["progress"])
-    if state["schedule"] != _schedule(trial, progress.step):
+    if not _same_schedule(state["schedule"], _schedule(trial, progress.step)):
         raise CheckpointMismatch(
             f"checkpoint at step {progress.step} recorded schedule {state['schedule']}, but this code gives "
             f"{_schedule(trial, progress.step)}: the schedule code changed since it was written"

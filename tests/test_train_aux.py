@@ -35,8 +35,8 @@ def test_linear_warmup_rises_from_zero():
 
 def test_every_aux_term_has_a_schedule_and_unknown_terms_fail_loudly():
     train = {"ponder_lambda": 0.1, "ponder_lambda_warmup_steps": 10, "regulariser_lambda": 2.0}
-    assert aux_weights(5, train, AUX_TERMS) == {"ponder": 0.05, "regulariser": 2.0}
-    assert aux_weights(5, {}, AUX_TERMS) == {"ponder": 0.0, "regulariser": 0.0}  # unset = 0
+    assert aux_weights(5, train, ["ponder", "regulariser"]) == {"ponder": 0.05, "regulariser": 2.0}
+    assert aux_weights(5, {}, AUX_TERMS) == dict.fromkeys(AUX_TERMS, 0.0)  # unset = 0
     with pytest.raises(KeyError, match="consistency"):
         aux_weights(0, train, ["consistency"])
 
@@ -63,7 +63,7 @@ def test_ponder_weight_warms_up_and_router_diagnostics_are_logged():
 
     facts = build_task(cfg["task"]["name"], cfg["task"]["params"], 0).facts
     declared = build_model(cfg["model"]["family"], cfg["model"]["params"], facts).diagnostic_names
-    trainer = {"train_loss", "lr", "step_time_ms", "tokens_per_sec", "params", "effective_depth"}
+    trainer = {"train_loss", "lr", "step_time_ms", "tokens_per_sec", "params", "effective_depth", "weights_bytes"}
     undeclared = {n for n in model_names - declared - trainer if not n.startswith("eval_")}
     assert not undeclared  # every model-specific name the trainer logged was declared by the model
 

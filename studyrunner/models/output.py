@@ -12,6 +12,9 @@ import torch
 AUX_TERMS: dict[str, tuple[str, ...]] = {
     "ponder": ("ponder_lambda", "ponder_lambda_warmup_steps"),  # halting cost (ACT N+R, PonderNet steps)
     "regulariser": ("regulariser_lambda",),  # looping regulariser: distance between blocks l and l+k
+    "exit_kl_uniform": ("exit_entropy_beta",),  # LoopLM: KL(exit distribution || uniform) = -H + log T
+    "distill": ("distill_lambda",),  # MELT from a LoopLM teacher: KD at every loop
+    "attn_align": ("align_beta", "align_start_step"),  # MELT: attention outputs vs the teacher's
 }
 
 
@@ -34,3 +37,7 @@ class ModelOutput:
     # Flat scalar diagnostics (halting probabilities, gate values, ...), logged as metrics by name.
     # Filled only when forward is called with diagnose=True (the trainer does so at evaluation).
     diagnostics: dict[str, float] = field(default_factory=dict)
+    # Several outputs with per-token weights (B, T) summing to 1 over the list (LoopLM's exits): when
+    # set, training minimises the expected task loss sum_e task.loss(logits_e, weights=w_e) instead of
+    # the loss of `logits`; evaluation scores `logits`.
+    exits: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)

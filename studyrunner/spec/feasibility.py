@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..models import build_model
+from ..models import build_model, get_family
 from ..tasks import build_task
 from ..train.metrics import TRAINER_METRICS
 from .errors import spec_error
@@ -61,8 +61,15 @@ def check_feasible(compiled: CompiledStudy) -> None:
             )
             if warning not in compiled.warnings:
                 compiled.warnings.append(warning)
+        family_params = get_family(cell.config["model"]["family"]).params_model.model_validate(
+            cell.config["model"]["params"]
+        )
+        if problem := family_params.facts_problem(task.facts):
+            raise spec_error(source, node, ("model", "family"), f"cell '{cell.label}': {problem}")
         task_metrics = task.reported_metrics()
         reported |= task_metrics
+        if family_params.supports_decoding():  # a task that decodes, on a family with a KV cache
+            reported |= task.decode_metric_names()
         for n in cell.config["eval"].get("loops") or []:  # test-time depth: eval_accuracy_loops_8, ...
             reported |= {f"{name}_loops_{n}" for name in task_metrics}
 

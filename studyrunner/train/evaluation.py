@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..tasks import Batch, Task
+from .decoding import decodes, decoding_eval
 
 EVAL_CHUNK = 256  # examples per eval forward: bounds memory for long sequences
 
@@ -60,4 +61,6 @@ def evaluate_and_record(
         for n in ev.get("loops") or []:
             at_depth = evaluate(model, task, splits, loops=n)
             record.update({f"{name}_loops_{n}": value for name, value in at_depth.items()})
+        if decodes(model, task):  # tasks that generate, on families with a KV cache (decoding.py)
+            record.update(decoding_eval(model, task, splits))
     return record

@@ -209,6 +209,8 @@ def compile_study(study: Study) -> CompiledStudy:
         except _Invalid as exc:
             field_path = ".".join(map(str, exc.loc))
             msg = exc.msg if field_path in overrides else f"{field_path}: {exc.msg}"
+            if where is not None and where[:1] == ("include",) and field_path in overrides:
+                where = (*where, field_path)  # name the entry's path at fault
             if where is None:  # a combination of valid axis values: name the cell
                 where, msg = ("grid",), f"cell '{_label(overrides)}': {msg}"
             elif not overrides:

@@ -48,6 +48,15 @@ def test_a_trial_reports_decoding_and_memory_metrics(family, params, rows):
     assert task.decode_metric_names() <= set(final)
 
 
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_kv_bytes_follow_the_compute_dtype_under_bf16_autocast(pos):
+    task = build_task(MQAR["name"], MQAR["params"], 0)
+    model = build_model("looplm", {"d_model": 16, "n_heads": 2, "loops": 2, "pos": pos}, task.facts)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = decoding_eval(model, task, task.eval_sets(4))
+    assert out["kv_cache_bytes_per_token"] == out["kv_cache_bytes_per_token_analytic"] == 2 * 2 * 16 * 2
+
+
 def test_decoded_answers_are_fed_back_and_streamed_text_is_not():
     task = build_task(MQAR["name"], MQAR["params"], 0)
     batch = task.eval_sets(8)[""]

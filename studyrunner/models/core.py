@@ -250,8 +250,8 @@ class Attention(nn.Module):
         weight, bias = self.qkv.weight[d:], (self.qkv.bias[d:] if self.qkv.bias is not None else None)
         kv = F.linear(source, weight, bias).view(b, t, 2, self.n_heads, d // self.n_heads)
         k, v = kv.unbind(2)
-        if self.rotary is not None:
-            k = self.rotary(k, positions)
+        if self.rotary is not None:  # under autocast the rotation promotes k to float32: keep v's dtype
+            k = self.rotary(k, positions).to(v.dtype)
         return k.transpose(1, 2), v.transpose(1, 2)
 
     def attend_cached(

@@ -6,7 +6,14 @@ The builder receives the validated params and the task's facts (an object with `
   trained (test-time depth); `diagnose` fills `ModelOutput.diagnostics` (the trainer asks at eval);
 - `effective_depth` (int) and `loops` (the trained loop count);
 - `diagnostic_names` (set[str]): every metric name the model adds, from `params.metric_names()`;
-- optionally `grad_norm_groups() -> {group: [parameters]}`, logged as `{group}_grad_norm`.
+- optionally `grad_norm_groups() -> {group: [parameters]}`, logged as `{group}_grad_norm`;
+- optionally, for incremental decoding (when `params.supports_decoding()`): `new_cache()` (a
+  `kv_cache.KVCache`), `forward(tokens, kv_cache=cache)` continuing the sequence the cache holds, and
+  `kv_bytes_per_token(dtype=...)`, the analytic KV bytes per token;
+- optionally `set_train_step(step)` (step-dependent state, called before each training step) and
+  `convert_from(teacher)` (a conversion's student: start from and distil from a trained model).
+Several weighted outputs (LoopLM's exits) go in `ModelOutput.exits`: the trainer then minimises the
+expected task loss over them.
 Params models subclass `core.CoreParams` and declare `aux_terms()` (the keys of ModelOutput.aux a
 config returns), which the compiler uses to reject `train.*` weights for terms a config lacks.
 It must build on `torch.device("meta")` (how `plan` counts parameters).

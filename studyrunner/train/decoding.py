@@ -11,7 +11,8 @@ What it reports (names in `Task.decode_metric_names`):
 - `eval_decode_{loss, accuracy, ...}`: the task's metrics of the decoded logits;
 - `kv_cache_bytes_per_token`: measured, the bytes the cache's tensors hold after decoding divided by
   the tokens decoded (batch x positions), beside `kv_cache_bytes_per_token_analytic`, the family's
-  count (rows x 2 x d x bytes per element), and `kv_cache_bytes` (the whole cache of the decoded batch);
+  count (rows x 2 x d x bytes per element of the compute dtype: 2 under `train.precision: bf16`), and
+  `kv_cache_bytes` (the whole cache of the decoded batch);
 - `eval_peak_memory_bytes`: peak memory while decoding: on CUDA the allocator's peak
   (`torch.cuda.max_memory_allocated`); on a CPU the process's peak resident set size sampled every
   millisecond from /proc/self/statm (weights, data and the Python process included; 0 where there is
@@ -73,16 +74,22 @@ def decoding_eval(model: torch.nn.Module, task: Task, splits: dict[str, Batch]) 
     kv_bytes = cache.nbytes()
     out = {"eval_decode_loss": task.loss(logits, decoded).item()}
     out.update({f"eval_decode_{name}": value for name, value in task.metrics(logits, decoded).items()})
-    dtype = next(model.parameters()).dtype
     out.update(
         kv_cache_bytes=float(kv_bytes),
         kv_cache_bytes_per_token=kv_bytes / tokens,
-        kv_cache_bytes_per_token_analytic=float(model.kv_bytes_per_token(dtype=dtype)),
+        kv_cache_bytes_per_token_analytic=float(model.kv_bytes_per_token(dtype=compute_dtype(model, device))),
         eval_peak_memory_bytes=float(peak["bytes"]),
         decode_tokens_per_sec=tokens / elapsed if elapsed > 0 else 0.0,
     )
     model.train(was_training)
     return out
+
+
+def compute_dtype(model: torch.nn.Module, device: torch.device) -> torch.dtype:
+    """The dtype keys and values are computed in: autocast's (train.precision: bf16), else the weights'."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return next(model.parameters()).dtype
 
 
 def _rss_bytes() -> int:

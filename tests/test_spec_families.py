@@ -120,3 +120,10 @@ def test_decoding_metrics_are_known_to_validate_for_families_that_decode():
     ut_act = BASE.replace("family: looplm", "family: ut_act").replace("block_layers: 2, ", "")
     with pytest.raises(SpecError, match="eval_decode_accuracy"):  # ut_act has no KV cache decoding
         compile_study(loads(ut_act + "metric: {name: eval_decode_accuracy}\n"))
+
+
+def test_a_zip_row_at_fault_names_the_field():
+    message = error("zip:\n  - model.family: [looplm, melt]\n    train.exit_entropy_beta: [0.05, 0.05]\n")
+    assert "zip[0]['model.family'][1]: train.exit_entropy_beta: weights the 'exit_kl_uniform' term" in message
+    ok = compiled("zip:\n  - model.family: [looplm, melt]\n    train.exit_entropy_beta: [0.05, null]\n")
+    assert [c.config["train"].get("exit_entropy_beta") for c in ok.cells] == [0.05, None]

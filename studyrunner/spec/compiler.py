@@ -211,6 +211,8 @@ def compile_study(study: Study) -> CompiledStudy:
             msg = exc.msg if field_path in overrides else f"{field_path}: {exc.msg}"
             if where is not None and where[:1] == ("include",) and field_path in overrides:
                 where = (*where, field_path)  # name the entry's path at fault
+            elif where is not None and where[:1] == ("zip",) and field_path in overrides and field_path != where[2]:
+                msg = f"{field_path}: {exc.msg}"  # the row is located by its first path: name the one at fault
             if where is None:  # a combination of valid axis values: name the cell
                 where, msg = ("grid",), f"cell '{_label(overrides)}': {msg}"
             elif not overrides:

@@ -35,7 +35,8 @@ def test_final_metrics_use_the_stable_names():
     assert final["effective_depth"] == 2
     assert [s for s, _ in reporter.series("eval_accuracy")] == [6, 12]
     assert [s for s, _ in reporter.series("train_loss")] == [4, 8, 12]
-    assert reporter.rows[0] == {"step": 0, "params": final["params"], "effective_depth": 2.0}
+    static = {"params": final["params"], "effective_depth": 2.0, "weights_bytes": 4 * final["params"]}
+    assert reporter.rows[0] == {"step": 0, **static}
 
 
 def test_same_seed_same_final_metrics_other_seed_differs():

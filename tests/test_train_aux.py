@@ -38,6 +38,9 @@ def test_every_aux_term_has_a_schedule_and_unknown_terms_fail_loudly():
     assert aux_weights(5, train, ["ponder", "regulariser"]) == {"ponder": 0.05, "regulariser": 2.0}
     assert aux_weights(5, {}, ["ponder", "regulariser"]) == {"ponder": 0.0, "regulariser": 0.0}  # unset = 0
     assert aux_weights(5, {}, ["shortcut", "consistency"]) == {"shortcut": 0.1, "consistency": 0.1}  # LoopFormer's
+    assert aux_weights(5, {}, ["exit_kl_uniform", "distill", "attn_align"]) == dict.fromkeys(
+        ["exit_kl_uniform", "distill", "attn_align"], 0.0
+    )
     assert set(aux_weights(0, {}, AUX_TERMS)) == set(AUX_TERMS)
     with pytest.raises(KeyError, match="telepathy"):
         aux_weights(0, train, ["telepathy"])
@@ -65,7 +68,7 @@ def test_ponder_weight_warms_up_and_router_diagnostics_are_logged():
 
     facts = build_task(cfg["task"]["name"], cfg["task"]["params"], 0).facts
     declared = build_model(cfg["model"]["family"], cfg["model"]["params"], facts).diagnostic_names
-    trainer = {"train_loss", "lr", "step_time_ms", "tokens_per_sec", "params", "effective_depth"}
+    trainer = {"train_loss", "lr", "step_time_ms", "tokens_per_sec", "params", "effective_depth", "weights_bytes"}
     undeclared = {n for n in model_names - declared - trainer if not n.startswith("eval_")}
     assert not undeclared  # every model-specific name the trainer logged was declared by the model
 

@@ -71,7 +71,7 @@ def test_loopformer_trains_with_weighted_objective_terms():
     facts = build_task(cfg["task"]["name"], cfg["task"]["params"], 0).facts
     declared = build_model(cfg["model"]["family"], cfg["model"]["params"], facts).diagnostic_names
     logged = {k for row in b.rows for k in row} - {"step"}
-    trainer = {"train_loss", "lr", "step_time_ms", "tokens_per_sec", "params", "effective_depth"}
+    trainer = {"train_loss", "lr", "step_time_ms", "tokens_per_sec", "params", "effective_depth", "weights_bytes"}
     assert not {n for n in logged - declared - trainer if not n.startswith("eval_")}
     assert {"adaln_gate_step_4", "repr_cka_0_4", "repr_erank_step_4"} <= logged
 

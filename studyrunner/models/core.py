@@ -19,6 +19,10 @@ from ..params import StrictParams
 from .output import aux_metric_names, grad_norm_metric_names
 from .representations import representation_names
 
+# A KV cache's update for one attention call (models/kv_cache.py): new keys, values (B, H, t, D) in,
+# every key and value to attend to (B, H, S, D) out.
+KVUpdate = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
 
 class CoreParams(StrictParams):
     """Knobs every family shares."""
@@ -101,6 +105,17 @@ class CoreParams(StrictParams):
         """Loop steps the model hands to `representations.trace_step` at its trained depth (at most):
         the representation diagnostics the evaluator measures are named for these. Default: `loops`."""
         return getattr(self, "loops", 0)
+
+    def supports_decoding(self) -> bool:
+        """Whether a model built from these params decodes incrementally with a KV cache (`new_cache()`
+        and `forward(tokens, kv_cache=cache)`, models/kv_cache.py). Tasks that ask for a decoding
+        evaluation get one only from such models."""
+        return False
+
+    def facts_problem(self, facts: Any) -> str | None:
+        """Why a model built from these params cannot serve a task with these facts (vocab_size, seq_len,
+        causal), or None; `validate` reports it naming `model.family`."""
+        return None
 
     def metric_names(self) -> set[str]:
         """Every metric this config adds to the trainer's vocabulary: its diagnostics, the evaluator's
@@ -198,7 +213,18 @@ class Attention(nn.Module):
         # default) everywhere else, so every other path computes exactly what it did.
         self.explicit = False
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        kv_cache: KVUpdate | None = None,
+        kv_source: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Self-attention over x; with `kv_cache` or `kv_source`, incremental attention (`attend_cached`).
+
+        Without either (every family's training forward) this is the original computation, unchanged."""
+        if kv_cache is not None or kv_source is not None:
+            return self.attend_cached(x, positions, kv_cache, kv_source)
         b, t, d = x.shape
         qkv = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads)
         if self.rotary is not None:
@@ -219,6 +245,52 @@ class Attention(nn.Module):
             v.transpose(1, 2),
             is_causal=self.causal,
             dropout_p=self.dropout if self.training else 0.0,
+        )
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+    def project_kv(
+        self, source: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, H, T, D) of `source` (B, T, d) through this layer's W_K, W_V (and RoPE at
+        `positions`): what a KV cache stores for those tokens."""
+        b, t, d = source.shape
+        weight, bias = self.qkv.weight[d:], (self.qkv.bias[d:] if self.qkv.bias is not None else None)
+        kv = F.linear(source, weight, bias).view(b, t, 2, self.n_heads, d // self.n_heads)
+        k, v = kv.unbind(2)
+        if self.rotary is not None:  # under autocast the rotation promotes k to float32: keep v's dtype
+            k = self.rotary(k, positions).to(v.dtype)
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def attend_cached(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor | None,
+        kv_cache: KVUpdate | None,
+        kv_source: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention of the t tokens in x (the newest of the sequence) over every key the cache holds.
+
+        Queries come from x; keys and values from `kv_source` when given (MELT's gated latent state),
+        else from x. `kv_cache(k, v)` receives the new tokens' keys and values (B, H, t, D) and returns
+        all keys and values to attend to (B, H, S, D), the new tokens' last: it appends them (a standard
+        cache), overwrites the rows it appended at an earlier loop (MELT), or mixes two caches. Without a
+        cache the new keys are the only ones. `positions` (t,) are the new tokens' indices in the sequence.
+        """
+        b, t, d = x.shape
+        head = d // self.n_heads
+        bias = self.qkv.bias[:d] if self.qkv.bias is not None else None
+        q = F.linear(x, self.qkv.weight[:d], bias).view(b, t, self.n_heads, head)
+        if self.rotary is not None:
+            q = self.rotary(q, positions)
+        k, v = self.project_kv(x if kv_source is None else kv_source, positions)
+        keys, values = kv_cache(k, v) if kv_cache is not None else (k, v)
+        offset = keys.shape[2] - t  # keys of earlier tokens come first
+        mask = None
+        if self.causal and t > 1:  # query i sees keys 0..offset+i; a lone newest token sees them all
+            rows = torch.arange(t, device=x.device)[:, None] + offset
+            mask = torch.arange(keys.shape[2], device=x.device)[None, :] <= rows
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
         )
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
@@ -257,8 +329,11 @@ class Block(nn.Module):
         self.norm2, self.mlp = make_norm(p), MLP(p)
         self.drop = nn.Dropout(p.dropout)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), positions))
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, kv_cache: KVUpdate | None = None
+    ) -> torch.Tensor:
+        """`kv_cache`: incremental decoding, x being the newest tokens (see `Attention.attend_cached`)."""
+        x = x + self.drop(self.attn(self.norm1(x), positions, kv_cache))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
@@ -272,13 +347,14 @@ class Embedding(nn.Module):
         self.positions = nn.Embedding(max_len, p.d_model) if p.pos == "learned" else None
         self.drop = nn.Dropout(p.dropout)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """`start`: the position of the first token (incremental decoding feeds a sequence piecewise)."""
         t = tokens.shape[1]
-        if t > self.max_len:
-            raise ValueError(f"sequence of {t} tokens exceeds the model's max length {self.max_len}")
+        if start + t > self.max_len:
+            raise ValueError(f"sequence of {start + t} tokens exceeds the model's max length {self.max_len}")
         h = self.tokens(tokens)
         if self.positions is not None:
-            h = h + self.positions.weight[:t]
+            h = h + (self.positions.weight[:t] if start == 0 else self.positions.weight[start : start + t])
         return self.drop(h)
 
 

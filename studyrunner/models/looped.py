@@ -25,7 +25,8 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from .core import Block, CoreParams, Embedding, Head, init_weights, rotary_for
+from .core import Block, CoreParams, Embedding, Head, KVUpdate, init_weights, rotary_for
+from .kv_cache import KVCache, kv_bytes_per_token
 from .memory import AttentionMass, MemoryTokens, probing
 from .output import ModelOutput
 from .registry import TaskFactsLike, register_family
@@ -83,6 +84,9 @@ class LoopedParams(CoreParams):
         k = self.block_layers if kind == "iso_param" else self.block_layers * self.loops  # k x 1, or kL x 1
         return "looped", {**self.model_dump(), "block_layers": k, "loops": 1}
 
+    def supports_decoding(self) -> bool:
+        return self.memory_slots == 0  # a memory prefix would need its own prefill into the cache
+
     def diagnostic_names(self) -> set[str]:
         names: set[str] = set()
         if self.memory_slots:
@@ -113,23 +117,56 @@ class LoopedTransformer(nn.Module):
         self.memory = MemoryTokens(p, p.memory_slots) if p.memory_slots else None
         init_weights(self, p, self.effective_depth)
 
-    def iterate(self, h: torch.Tensor, loops: int | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Prefix layers once, the block `loops` times (default: the trained count), suffix layers once."""
+    def iterate(
+        self,
+        h: torch.Tensor,
+        loops: int | None = None,
+        positions: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Prefix layers once, the block `loops` times (default: the trained count), suffix layers once.
+        With `kv_cache`, every block application reads and appends its own slot (decoding)."""
+        applied = 0
+
+        def update(kind: str) -> KVUpdate | None:
+            return kv_cache.slot((kind, applied)).append if kv_cache is not None else None
+
         for block in self.prefix:
-            h = block(h, positions)
+            h = block(h, positions, update("prefix"))
+            applied += 1
         trace_step(self, h)
         for _ in range(self.loops if loops is None else loops):
             for block in self.blocks:
-                h = block(h, positions)
+                h = block(h, positions, update("loop"))
+                applied += 1
             trace_step(self, h)
         for block in self.suffix:
-            h = block(h, positions)
+            h = block(h, positions, update("suffix"))
+            applied += 1
         return h
 
-    def forward(self, tokens: torch.Tensor, loops: int | None = None, *, diagnose: bool = False) -> ModelOutput:
-        """`loops` overrides the trained loop count (test-time depth); `diagnose` fills diagnostics."""
+    def new_cache(self) -> KVCache:
+        return KVCache()
+
+    def kv_bytes_per_token(self, loops: int | None = None, dtype: torch.dtype = torch.float32) -> int:
+        """One key/value row per block application: prefix + k * L + suffix rows."""
+        applications = self.p.prefix_layers + self.p.block_layers * (loops or self.loops) + self.p.suffix_layers
+        return kv_bytes_per_token(applications, self.p.d_model, dtype)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        loops: int | None = None,
+        *,
+        diagnose: bool = False,
+        kv_cache: KVCache | None = None,
+    ) -> ModelOutput:
+        """`loops` overrides the trained loop count (test-time depth); `diagnose` fills diagnostics;
+        `kv_cache` continues the sequence it holds (incremental decoding, without memory tokens)."""
         if loops is not None and loops < 1:
             raise ValueError(f"loops must be >= 1, got {loops}")
+        if kv_cache is not None:
+            return self._decode(tokens, loops, kv_cache)
         h, positions = self.embed(tokens), None
         if self.memory is not None:
             h, positions = self.memory.prepend(h)
@@ -150,6 +187,15 @@ class LoopedTransformer(nn.Module):
                 out.diagnostics["block_cos_mean"] = torch.stack(list(cosines.values())).mean().item()
                 out.diagnostics.update({f"block_cos_{g}": c.item() for g, c in cosines.items()})
         return out
+
+    def _decode(self, tokens: torch.Tensor, loops: int | None, kv_cache: KVCache) -> ModelOutput:
+        if self.memory is not None:
+            raise ValueError("incremental decoding is not supported with memory_slots > 0")
+        start = kv_cache.length
+        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+        h = self.iterate(self.embed(tokens, start), loops, positions, kv_cache)
+        kv_cache.length += tokens.shape[1]
+        return ModelOutput(logits=self.head(h))
 
 
 @register_family("looped", LoopedParams)

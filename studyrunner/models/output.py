@@ -16,6 +16,9 @@ AUX_TERMS: dict[str, tuple[str, ...]] = {
     # the distance of its final state to the full run's (detached). Unset weights are the paper's 0.1.
     "shortcut": ("shortcut_lambda",),
     "consistency": ("consistency_lambda",),
+    "exit_kl_uniform": ("exit_entropy_beta",),  # LoopLM: KL(exit distribution || uniform) = -H + log T
+    "distill": ("distill_lambda",),  # MELT from a LoopLM teacher: KD at every loop
+    "attn_align": ("align_beta", "align_start_step"),  # MELT: attention outputs vs the teacher's
 }
 
 
@@ -42,3 +45,7 @@ class ModelOutput:
     # trainer scores each with the task's own loss and adds it to `aux` under the same name, so it is
     # weighted like any aux term. Filled only in training forwards that make them.
     aux_logits: dict[str, torch.Tensor] = field(default_factory=dict)
+    # Several outputs with per-token weights (B, T) summing to 1 over the list (LoopLM's exits): when
+    # set, training minimises the expected task loss sum_e task.loss(logits_e, weights=w_e) instead of
+    # the loss of `logits`; evaluation scores `logits`.
+    exits: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)

@@ -12,6 +12,13 @@ The builder receives the validated params and the task's facts (an object with `
 - a call to `representations.trace_step(self, h)` with the state entering its loop and after every
   loop step, so the evaluator can measure the representation diagnostics of each step (named for
   `params.traced_steps()` steps: `loops` by default).
+- optionally, for incremental decoding (when `params.supports_decoding()`): `new_cache()` (a
+  `kv_cache.KVCache`), `forward(tokens, kv_cache=cache)` continuing the sequence the cache holds, and
+  `kv_bytes_per_token(dtype=...)`, the analytic KV bytes per token;
+- optionally `set_train_step(step)` (step-dependent state, called before each training step) and
+  `convert_from(teacher)` (a conversion's student: start from and distil from a trained model).
+Several weighted outputs (LoopLM's exits) go in `ModelOutput.exits`: the trainer then minimises the
+expected task loss over them.
 Params models subclass `core.CoreParams` and declare `aux_terms()` (the keys of ModelOutput.aux a
 config returns), which the compiler uses to reject `train.*` weights for terms a config lacks.
 It must build on `torch.device("meta")` (how `plan` counts parameters).

@@ -34,6 +34,7 @@ from .recorder import Recorder
 from .selection import RerunSelection
 from .signals import interrupts_deferred, sigterm_as_ctrl_c
 from .submission import HEARTBEAT_S, Submission, reap_dead
+from .teachers import resolve_teachers, teacher_key
 from .tracking import Tracker
 
 
@@ -141,6 +142,7 @@ def submit(
     options = options or RunOptions(**option_fields)
     ledger, tracker = _open_stores(workspace)
     _refuse_changed_meaning(ledger, compiled)
+    resolve_teachers(compiled, ledger, workspace)  # a missing or unfinished teacher fails before any write
     reg = ledger.register(compiled)
     held = [r.trial_key for r in ledger.trials_by_key(reg.held) if r.status in ("failed", "diverged")]
     result = SubmitResult(compiled.study.name, len(compiled.trials), skipped=reg.skipped, held=held)
@@ -256,6 +258,7 @@ def _run(
     Tune, release what did not finish, and mend what MLflow lacks of the study's finished trials."""
     options = options or RunOptions()
     study = compiled.study
+    teachers = resolve_teachers(compiled, ledger, workspace)
     reap_dead(ledger, study.name)  # a killed driver's trials and local Ray first
     submission = Submission(ledger, study.name, command)
     claimed = set(ledger.claim(study.name, sorted(set(candidates)), submission.id, statuses, options.stale_after))
@@ -293,7 +296,7 @@ def _run(
                 known_runs=by_tag,
                 sync_hint=workspace.hint("sync-mlflow", study.name),
             )
-            _fit(study, to_run, recorder, workspace, options, submission.cancelled, console)
+            _fit(study, to_run, recorder, workspace, options, submission.cancelled, console, teachers)
             result.wall_time_s = time.perf_counter() - started
     finally:
         with interrupts_deferred():  # a second Ctrl-C must not leave trials `running`
@@ -404,9 +407,10 @@ def delete_checkpoints(location: str) -> None:
         storage.delete(name)
 
 
-def _payloads(study, to_run, workspace: Workspace) -> list[dict]:
-    """What each Tune trial's worker gets: the resolved config, seed and the knobs of how it runs; a
-    cell with `train.vectorize_seeds` sends its seeds as one group (one process trains them together)."""
+def _payloads(study, to_run, workspace: Workspace, teachers: dict | None = None) -> list[dict]:
+    """What each Tune trial's worker gets: the resolved config, seed and the knobs of how it runs (and a
+    conversion's teacher, teachers.py); a cell with `train.vectorize_seeds` sends its seeds as one group
+    (one process trains them together)."""
     driver_kills()  # a malformed fault-injection setting fails now, not mid-study
     single = [
         {
@@ -422,6 +426,9 @@ def _payloads(study, to_run, workspace: Workspace) -> list[dict]:
         }
         for t in to_run
     ]
+    for trial, payload in zip(to_run, single, strict=True):
+        if (key := teacher_key(trial.config)) is not None:
+            payload["teacher"] = (teachers or {})[key]
     payloads, groups = [], {}
     for trial, payload in zip(to_run, single, strict=True):
         if trial.config["train"].get("vectorize_seeds") and not payload["inject_fault"]:
@@ -442,7 +449,9 @@ def _payloads(study, to_run, workspace: Workspace) -> list[dict]:
     return payloads
 
 
-def _fit(study, to_run, recorder: Recorder, workspace: Workspace, options: RunOptions, cancel, console) -> None:
+def _fit(
+    study, to_run, recorder: Recorder, workspace: Workspace, options: RunOptions, cancel, console, teachers=None
+) -> None:
     """One Tune run over `to_run`: a trial per trial_key, recorded on the driver by `recorder`."""
     from ray import tune
 
@@ -453,7 +462,7 @@ def _fit(study, to_run, recorder: Recorder, workspace: Workspace, options: RunOp
     retries = study.retries if options.max_failures is None else options.max_failures
     tuner = tune.Tuner(
         tune.with_resources(trainable, trial_resources(study.resources)),
-        param_space={"trial": tune.grid_search(_payloads(study, to_run, workspace))},
+        param_space={"trial": tune.grid_search(_payloads(study, to_run, workspace, teachers))},
         tune_config=tune.TuneConfig(
             reuse_actors=True,
             max_concurrent_trials=options.max_concurrent,

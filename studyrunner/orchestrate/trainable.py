@@ -298,7 +298,13 @@ def run_attempt(
         torch.set_num_threads(max(1, int(trial["threads"])))
         cell = trial["cell"]
         final = run_trial(
-            cell, trial["seed"], reporter, checkpoints=checkpoint_dir, device=device, nan_at=inject.get("nan_at")
+            cell,
+            trial["seed"],
+            reporter,
+            checkpoints=checkpoint_dir,
+            device=device,
+            nan_at=inject.get("nan_at"),
+            teacher=trial.get("teacher"),
         )
     except Diverged as diverged:
         reporter.finish("diverged", diverged.step, diverged.metrics or reporter.latest, reason=diverged.reason)

@@ -43,6 +43,12 @@ def check_study(study: Study, source: str, node: Any) -> None:
         if len(set(lengths.values())) != 1 or 0 in lengths.values():
             counts = ", ".join(f"{p}: {n}" for p, n in lengths.items())
             fail(("zip", g), f"value lists must be non-empty and of equal length ({counts})")
+    for i, extra in enumerate(study.include):
+        if not extra:
+            fail(("include", i), "empty entry would repeat the base cell; give the paths that make this cell")
+        for path in extra:
+            if problem := _axis_path_problem(path):
+                fail(("include", i, path), problem)
     for i, partial in enumerate(study.exclude):
         if not partial:
             fail(("exclude", i), "empty entry would exclude every cell; remove it")

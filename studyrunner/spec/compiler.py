@@ -58,8 +58,9 @@ class CompiledStudy:
 
     @property
     def axes(self) -> list[str]:
-        """Varied paths, in file order."""
-        return list(self.study.grid) + [p for group in self.study.zip for p in group]
+        """Varied paths, in file order (the paths `include` entries set last)."""
+        paths = list(self.study.grid) + [p for group in self.study.zip for p in group]
+        return paths + list(dict.fromkeys(p for extra in self.study.include for p in extra if p not in paths))
 
 
 def canonical_json(obj: Any) -> str:
@@ -208,6 +209,10 @@ def compile_study(study: Study) -> CompiledStudy:
         except _Invalid as exc:
             field_path = ".".join(map(str, exc.loc))
             msg = exc.msg if field_path in overrides else f"{field_path}: {exc.msg}"
+            if where is not None and where[:1] == ("include",) and field_path in overrides:
+                where = (*where, field_path)  # name the entry's path at fault
+            elif where is not None and where[:1] == ("zip",) and field_path in overrides and field_path != where[2]:
+                msg = f"{field_path}: {exc.msg}"  # the row is located by its first path: name the one at fault
             if where is None:  # a combination of valid axis values: name the cell
                 where, msg = ("grid",), f"cell '{_label(overrides)}': {msg}"
             elif not overrides:
@@ -255,6 +260,16 @@ def compile_study(study: Study) -> CompiledStudy:
             )
         seen[h] = label
         cells.append(Cell(h, config, overrides, label))
+    for i, extra in enumerate(study.include):  # after exclude, as in CI matrices: an included cell always runs
+        config = cell_config(extra, where=("include", i))
+        h = config_hash(config)
+        label = _label(extra)
+        if h in seen:
+            raise spec_error(
+                source, node, ("include", i), f"resolves to the same config as cell '{seen[h]}'; drop one of them"
+            )
+        seen[h] = label
+        cells.append(Cell(h, config, dict(extra), label))
     if not cells:
         raise spec_error(source, node, ("exclude",), "every cell is excluded; nothing would run")
     cells = _with_baselines(study, cells)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..models import build_model
+from ..models import build_model, get_family
 from ..tasks import build_task
 from ..train.evaluation import depth_metric_names
 from ..train.metrics import TRAINER_METRICS
@@ -62,12 +62,19 @@ def check_feasible(compiled: CompiledStudy) -> None:
             )
             if warning not in compiled.warnings:
                 compiled.warnings.append(warning)
+        family_params = get_family(cell.config["model"]["family"]).params_model.model_validate(
+            cell.config["model"]["params"]
+        )
+        if problem := family_params.facts_problem(task.facts):
+            raise spec_error(source, node, ("model", "family"), f"cell '{cell.label}': {problem}")
         task_metrics = task.reported_metrics()
         reported |= task_metrics
         # other depths (eval.loops, eval.budgets): eval_accuracy_loops_8, eval_loss_budget_4, ...
         headline = ["eval_loss", *(f"eval_{kind}" for kind in task.metric_kinds)]
         grid = cell.config["model"]["params"].get("loops")
         reported |= depth_metric_names(cell.config["eval"], task_metrics, headline, grid)
+        if family_params.supports_decoding():  # a task that decodes, on a family with a KV cache
+            reported |= task.decode_metric_names()
 
     metric = study.metric.name
     if metric in reported:

@@ -36,6 +36,13 @@ def knob_problem(family: FamilyEntry, resolved: dict[str, Any]) -> tuple[tuple, 
             check_vectorizable(resolved)
         except ValueError as exc:
             return ("train", "vectorize_seeds"), str(exc).removeprefix("train.vectorize_seeds").lstrip(": ")
+    steps = getattr(params, "interpolate_steps", 0)
+    if steps and steps >= resolved["train"]["steps"]:
+        return (
+            ("model", "params", "interpolate_steps"),
+            f"{steps} must be smaller than train.steps ({resolved['train']['steps']}): the model must be fully "
+            "converted (alpha = 1) by its last step",
+        )
     ev = resolved["eval"]
     for knob in ("loops", "budgets"):
         if ev.get(knob) is not None and "loops" not in family.params_model.model_fields:

@@ -52,6 +52,7 @@ class ModelSection(Strict):
 _AUX_WEIGHT_KNOBS = frozenset(
     {"ponder_lambda", "ponder_lambda_warmup_steps", "regulariser_lambda", "shortcut_lambda", "consistency_lambda"}
 )
+_EXIT_AND_DISTILL_KNOBS = frozenset({"exit_entropy_beta", "distill_lambda", "align_beta", "align_start_step"})
 # A trajectory schedule (models/trajectories.py): a name, {geometric: RATIO} or a list of step sizes.
 Schedule = str | list[float] | dict[str, float]
 
@@ -113,6 +114,26 @@ class TrainSection(Strict):
         "(unset), front_loaded, back_loaded, {geometric: RATIO} or a list of step sizes summing to 1 (at most "
         "`loops` of them).",
     )
+    exit_entropy_beta: float | None = Field(
+        None,
+        ge=0,
+        le=1e3,
+        description="LoopLM: weight of the exit-distribution regulariser KL(p || uniform) = log T - H(p) (Ouro's "
+        "entropy term, beta ~ 0.05 in a reimplementation); unset = 0.",
+    )
+    distill_lambda: float | None = Field(
+        None, ge=0, le=1e3, description="MELT with a teacher: weight of the distillation at every loop; unset = 0."
+    )
+    align_beta: float | None = Field(
+        None,
+        ge=0,
+        le=1e3,
+        description="MELT with a teacher: weight of the attention alignment to the teacher (the paper's phase 2: "
+        "0.1); unset = 0.",
+    )
+    align_start_step: int | None = Field(
+        None, ge=0, description="align_beta applies from this step on (the end of phase 1); unset = 0."
+    )
     checkpoint_every: int | None = Field(
         None,
         ge=1,
@@ -147,9 +168,8 @@ class TrainSection(Strict):
 
     @model_serializer(mode="wrap")
     def _omit_unset_knobs(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _omit_unset(
-            handler(self), _AUX_WEIGHT_KNOBS | _RUNTIME_KNOBS | {"checkpoint_every", "vectorize_seeds", "trajectory"}
-        )
+        omitted = _AUX_WEIGHT_KNOBS | _EXIT_AND_DISTILL_KNOBS | _RUNTIME_KNOBS
+        return _omit_unset(handler(self), omitted | {"checkpoint_every", "vectorize_seeds", "trajectory"})
 
     @field_validator("betas")
     @classmethod
@@ -254,6 +274,11 @@ class Study(Strict):
     )
     exclude: list[dict[str, Any]] = Field(
         default_factory=list, description="Partial configs (path -> value); matching cells are dropped."
+    )
+    include: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Extra cells beyond the grid: each a partial config (dotted path -> value) applied to the "
+        "base config, e.g. one family's ablation beside a grid over model.family.",
     )
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     resources: Resources = Field(default_factory=Resources)

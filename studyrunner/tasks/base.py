@@ -67,6 +67,20 @@ class Task:
         """Held-out splits, keyed by split suffix ('' for a task with one split, e.g. 'n8')."""
         raise NotImplementedError
 
+    # Tasks whose answers are generated (a decoding evaluation, train/decoding.py, runs at the final
+    # evaluation for families with a KV cache): `decodes`; whether a prediction at a scored position
+    # is fed back as the next input (free-running answers) or the true next token is (streaming a text).
+    decodes: bool = False
+    decode_feedback: bool = True
+
+    def decode_metric_names(self) -> set[str]:
+        """What a decoding evaluation reports for this task (train/decoding.py)."""
+        if not self.decodes:
+            return set()
+        kinds = ("loss", *self.metric_kinds)
+        memory = {"kv_cache_bytes_per_token", "kv_cache_bytes_per_token_analytic", "kv_cache_bytes"}
+        return {f"eval_decode_{k}" for k in kinds} | memory | {"eval_peak_memory_bytes", "decode_tokens_per_sec"}
+
     def split_names(self) -> list[str]:
         """The keys `eval_sets` returns, known without generating data (checked at validate time)."""
         return [""]
@@ -83,10 +97,14 @@ class Task:
         names |= {f"eval_{k}_{split}" for k in kinds for split in self.split_names() if split}
         return names
 
-    def loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """Mean cross-entropy over the scored positions."""
+    def loss(self, logits: torch.Tensor, batch: Batch, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean cross-entropy over the scored positions; with `weights` (B, T), of each position's
+        cross-entropy times its weight (one term of an expected loss over a model's exits)."""
         mask = batch.loss_mask
-        return F.cross_entropy(logits[mask], batch.targets[mask])
+        if weights is None:
+            return F.cross_entropy(logits[mask], batch.targets[mask])
+        per_token = F.cross_entropy(logits[mask], batch.targets[mask], reduction="none")
+        return (per_token * weights[mask]).mean()
 
     def metrics(self, logits: torch.Tensor, batch: Batch) -> dict[str, float]:
         """Per-token accuracy over scored positions and exact match over whole examples.

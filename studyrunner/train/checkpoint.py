@@ -381,3 +381,18 @@ class Checkpoints:
     def _warn(self, message: str) -> None:
         warnings.warn(message, CheckpointWarning, stacklevel=3)
         self._notify(message)
+
+
+def final_weights(location: str | os.PathLike[str] | CheckpointStorage, config: dict[str, Any], seed: int) -> dict:
+    """The model state dict of a finished trial: its checkpoint after the last step, checked to belong to
+    (config, seed). What a conversion's teacher is loaded from (a `melt` cell's `model.params.teacher`)."""
+    store = Checkpoints(open_storage(location), config=config, seed=seed)
+    state = store.latest()
+    if state is None:
+        raise FileNotFoundError(f"no checkpoint of the trial in {store.storage.location}")
+    if state["step"] != store.steps:
+        raise ValueError(
+            f"the newest checkpoint in {store.storage.location} is at step {state['step']} of {store.steps}: "
+            "the trial has not finished"
+        )
+    return state["model"]

@@ -19,6 +19,7 @@ import torch
 from ..models.representations import tracing
 from ..models.trajectories import ENUMERATE_ALL, front_loading, grid_label, grid_trajectories, schedule
 from ..tasks import Batch, Task
+from .decoding import decodes, decoding_eval
 
 EVAL_CHUNK = 256  # examples per eval forward: bounds memory for long sequences
 PROBE_EXAMPLES = 64  # the probe batch of the representation diagnostics
@@ -182,4 +183,6 @@ def evaluate_and_record(
         record.update(evaluate(model, task, splits, representations=ev.get("representations") is not False))
     if done == steps:
         record.update(evaluate_depths(model, task, splits, ev))
+        if decodes(model, task):  # tasks that generate, on families with a KV cache (decoding.py)
+            record.update(decoding_eval(model, task, splits))
     return record

@@ -34,6 +34,13 @@ def _or_default(value: float | None, default: float) -> float:
     return float(default if value is None else value)
 
 
+def align_weight(step: int, train: dict[str, Any]) -> float:
+    """MELT's attention alignment: align_beta from align_start_step on (the paper's phase 2), else 0."""
+    if step < (train.get("align_start_step") or 0):
+        return 0.0
+    return float(train.get("align_beta") or 0.0)
+
+
 def aux_weights(step: int, train: dict[str, Any], terms) -> dict[str, float]:
     """Weight of each of `terms` at 0-based `step`; an unknown term is a family bug, not a silent 0."""
     schedules = {
@@ -41,6 +48,9 @@ def aux_weights(step: int, train: dict[str, Any], terms) -> dict[str, float]:
         "regulariser": lambda: float(train.get("regulariser_lambda") or 0.0),
         "shortcut": lambda: _or_default(train.get("shortcut_lambda"), LOOPFORMER_LAMBDA),
         "consistency": lambda: _or_default(train.get("consistency_lambda"), LOOPFORMER_LAMBDA),
+        "exit_kl_uniform": lambda: float(train.get("exit_entropy_beta") or 0.0),
+        "distill": lambda: float(train.get("distill_lambda") or 0.0),
+        "attn_align": lambda: align_weight(step, train),
     }
     unknown = sorted(set(terms) - set(schedules))
     if unknown:

@@ -36,9 +36,17 @@ from typing import Any
 import torch
 
 from ..models import build_model, count_params
-from ..models.output import AUX_TERMS
+from ..models.output import AUX_TERMS, ModelOutput
 from ..tasks import Batch, Task, build_task
-from .checkpoint import CheckpointMismatch, Checkpoints, CheckpointStorage, capture_rng, open_storage, restore_rng
+from .checkpoint import (
+    CheckpointMismatch,
+    Checkpoints,
+    CheckpointStorage,
+    capture_rng,
+    final_weights,
+    open_storage,
+    restore_rng,
+)
 from .device import Runtime
 from .evaluation import EVAL_CHUNK, evaluate, evaluate_and_record
 from .optim import lr_at, make_optimizer
@@ -83,6 +91,7 @@ def run_trial(
     *,
     device: str | torch.device | None = None,
     nan_at: int | None = None,
+    teacher: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Train and evaluate one (cell config, seed); report records as it goes; return final metrics.
 
@@ -99,9 +108,13 @@ def run_trial(
     Raises `Diverged` (with the metrics so far) when the train loss is not finite, or when the
     reporter raises it. `nan_at` is a testing hook (STUDYRUNNER_INJECT_NAN): the loss of that step
     (1-based) is made NaN before its backward pass, so divergence handling runs for real.
+
+    `teacher` (a `melt` cell whose `model.params.teacher` names a finished `looplm` trial): that trial's
+    `config`, `seed` and `checkpoint` location, resolved by the orchestrator (which knows the ledger and
+    the storage); the student starts from the weights of its final checkpoint and distils from it.
     """
     reporter = reporter or MemoryReporter()
-    trial = build_trial(config, seed, device)
+    trial = build_trial(config, seed, device, teacher)
     trial.nan_at = nan_at
     send_facts(reporter, trial.runtime.facts())
     store = _open_checkpoints(checkpoints, config, seed, reporter)
@@ -193,18 +206,34 @@ class TrialSetup:
             self.batches = None
 
 
-def build_trial(config: dict[str, Any], seed: int, device: str | torch.device | None = None) -> TrialSetup:
+def build_trial(
+    config: dict[str, Any],
+    seed: int,
+    device: str | torch.device | None = None,
+    teacher: dict[str, Any] | None = None,
+) -> TrialSetup:
     train, ev = config["train"], config["eval"]
     runtime = Runtime.resolve(train, device)  # first: a trial that cannot run fails before any work
     runtime.apply_backends()
     torch.manual_seed(seed)
     task = build_task(config["task"]["name"], config["task"]["params"], seed)
     model = build_model(config["model"]["family"], config["model"]["params"], task.facts).to(runtime.device)
+    if config["model"]["params"].get("teacher") is not None:
+        if teacher is None:
+            raise ValueError(
+                f"model.params.teacher {config['model']['params']['teacher']!r} was not resolved to a checkpoint; "
+                "submit the study through studyrunner, or pass run_trial(teacher=...)"
+            )
+        model.convert_from(load_teacher(teacher, task.facts, runtime.device))
     if hasattr(model, "configure"):  # a family that reads train/eval knobs of its own (train.trajectory)
         model.configure(train, ev)
     optimizer = make_optimizer(model, train["lr"], train["weight_decay"], tuple(train["betas"]), fused=runtime.on_cuda)
     splits = {name: runtime.to_device(batch) for name, batch in task.eval_sets(ev["examples"]).items()}
-    static = {"params": float(count_params(model)), "effective_depth": float(model.effective_depth)}
+    static = {
+        "params": float(count_params(model)),
+        "effective_depth": float(model.effective_depth),
+        "weights_bytes": float(weights_bytes(model)),
+    }
     grad_groups = model.grad_norm_groups() if hasattr(model, "grad_norm_groups") else {}
     step_model = runtime.compiled(model)
     return TrialSetup(train, ev, task, model, optimizer, splits, static, grad_groups, runtime, step_model)
@@ -218,10 +247,12 @@ def train_step(trial: TrialSetup, progress: Progress) -> tuple[float, int]:
     for group in optimizer.param_groups:
         group["lr"] = lr
     batch = trial.batch(step)
+    if hasattr(model, "set_train_step"):  # step-dependent model state (MELT's interpolation alpha)
+        model.set_train_step(step)
     trial.runtime.step_begin()
     with trial.runtime.autocast():
         result = trial.step_model(batch.inputs)
-        loss = trial.task.loss(result.logits, batch)
+        loss = task_loss(trial.task, result, batch)
         for name, logits in result.aux_logits.items():  # extra predictions, scored like the main one
             result.aux[name] = trial.task.loss(logits, batch)
         weights = aux_weights(step, trial.train, result.aux)
@@ -244,6 +275,27 @@ def train_step(trial: TrialSetup, progress: Progress) -> tuple[float, int]:
     progress.window.add(loss_value, elapsed, result.aux, grad_norms, weights)
     progress.add_step(elapsed, tokens)
     return lr, tokens
+
+
+def task_loss(task: Task, result: ModelOutput, batch: Batch) -> torch.Tensor:
+    """The task loss of the model's output, or its expectation over the model's weighted exits."""
+    if not result.exits:
+        return task.loss(result.logits, batch)
+    return torch.stack([task.loss(logits, batch, weights=w) for logits, w in result.exits]).sum()
+
+
+def weights_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the distinct parameters (a looped block counted once), in the dtype they are stored in."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def load_teacher(teacher: dict[str, Any], facts, device: torch.device) -> torch.nn.Module:
+    """The teacher model of a conversion, with the weights of its trial's final checkpoint."""
+    config = teacher["config"]
+    with torch.random.fork_rng(devices=[]):  # building it must not move the student's random streams
+        model = build_model(config["model"]["family"], config["model"]["params"], facts)
+    model.load_state_dict(final_weights(teacher["checkpoint"], config, teacher["seed"]))
+    return model.to(device)
 
 
 def summary_metrics(trial: TrialSetup, progress: Progress) -> dict[str, float]:

@@ -289,8 +289,13 @@ def test_rayjob_runs_a_study_on_workers_with_the_clusters_locations():
 # ---------------------------------------------------------------- the environment
 
 
+def workspace_env() -> set[str]:
+    """The variables workspace.py reads: os.environ.get("X"), or its ENV table of option -> "X"."""
+    return set(re.findall(r'"((?:STUDYRUNNER|MLFLOW)_[A-Z_]+)"', (ROOT / "studyrunner" / "workspace.py").read_text()))
+
+
 def env_read_by_studyrunner() -> set[str]:
-    names = set()
+    names = workspace_env()
     for path in (ROOT / "studyrunner").rglob("*.py"):
         names |= set(re.findall(r"""(?:environ\.get\(|environ\[|getenv\()\s*["']([A-Z0-9_]+)["']""", path.read_text()))
     return names
@@ -303,7 +308,7 @@ def entrypoint_own_variables() -> set[str]:
 
 def test_entrypoint_reads_the_variables_studyrunner_reads():
     code = env_read_by_studyrunner()
-    workspace = set(re.findall(r'environ\.get\("([A-Z_]+)"\)', (ROOT / "studyrunner" / "workspace.py").read_text()))
+    workspace = workspace_env()
     assert workspace == {"STUDYRUNNER_HOME", *WORKSPACE_ENV}
     text = ENTRYPOINT.read_text()
     used = set(re.findall(r"\b(STUDYRUNNER_[A-Z_]+|MLFLOW_TRACKING_URI|RAY_ADDRESS)\b", text))

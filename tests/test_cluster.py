@@ -15,6 +15,7 @@ Nothing here calls `ray stop` (it stops every Ray on the machine, other tests' i
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -44,6 +45,7 @@ BIN = Path(sys.executable).parent  # ray, mlflow, moto_server, studyrunner: the 
 BUCKET = "studyrunner"  # the README's bucket
 STORAGE = f"s3://{BUCKET}/workspace"
 WORKERS = ("sr-node-1", "sr-node-2")
+ASSIGNMENT = re.compile(r"[A-Z_][A-Z0-9_]*=\S*")
 START_S = 240  # the longest any one service may take to come up on a loaded machine
 SUBMIT_S = 900
 
@@ -71,8 +73,8 @@ def readme_commands() -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for line in lines:
         words = shlex.split(line, comments=True)
-        env = [w for w in words if re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", w)]
-        words = words[len(env) :] if words[: len(env)] == env else words
+        env = list(itertools.takewhile(ASSIGNMENT.fullmatch, words))  # `NAME=value command ...`
+        words = words[len(env) :]
         if words[:2] == ["ray", "start"]:
             role = "head" if "--head" in words else "worker"
         elif words[:2] == ["mlflow", "server"]:
@@ -100,8 +102,8 @@ def expand(words: list[str], values: dict[str, str]) -> tuple[dict[str, str], li
         return re.sub(r"\$\{(\w+)\}|\$(\w+)", one, word)
 
     words = [sub(w) for w in words]
-    env = dict(w.split("=", 1) for w in words if re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", w))
-    argv = words[len(env) :]
+    assignments = list(itertools.takewhile(ASSIGNMENT.fullmatch, words))
+    env, argv = dict(w.split("=", 1) for w in assignments), words[len(assignments) :]
     return env, [str(BIN / argv[0]), *argv[1:]]
 
 

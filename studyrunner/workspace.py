@@ -22,6 +22,8 @@ TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "
 
 
 ENV = {"--db": "STUDYRUNNER_DB", "--tracking-uri": "MLFLOW_TRACKING_URI", "--storage": "STUDYRUNNER_STORAGE"}
+# Where pyarrow (and boto3) find an S3 endpoint other than AWS's.
+S3_ENDPOINT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 
 
 @dataclass(frozen=True)
@@ -147,11 +149,24 @@ def check_tracking_uri(uri: str) -> None:
     check_sqlite_url(uri, "--tracking-uri / MLFLOW_TRACKING_URI")
 
 
+def check_storage_uri(storage: str) -> None:
+    """A storage URI is joined with sub-paths (curves/, checkpoints/, ray/, mlartifacts/) and handed to
+    MLflow and Ray Tune as well, so it must be a plain location: pyarrow's options in a query string
+    (`?endpoint_override=...`) would end up inside those paths, and MLflow would not read them."""
+    if "://" in storage and not storage.startswith("file://") and "?" in storage:
+        raise StudyrunnerError(
+            f"--storage / STUDYRUNNER_STORAGE: {storage!r} carries options after '?'; give the plain location "
+            f"({storage.split('?', 1)[0]}) and set them in the environment instead (AWS_ENDPOINT_URL for an "
+            "S3-compatible store's endpoint)"
+        )
+
+
 def check_storage(storage: str) -> None:
     """Open the storage location and write a probe file, so a bad --storage fails before any study,
     experiment or run records it."""
     import pyarrow.fs as pafs
 
+    check_storage_uri(storage)
     option = "--storage / STUDYRUNNER_STORAGE"
     try:
         if "://" in storage and not storage.startswith("file://"):
@@ -169,7 +184,7 @@ def check_storage(storage: str) -> None:
     except StudyrunnerError:
         raise
     except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ... per filesystem
-        raise StudyrunnerError(
-            f"{option}: cannot write to {storage!r}: {_first_line(exc)} "
-            "(give a writable folder or a pyarrow filesystem URI such as s3://bucket/path)"
-        ) from None
+        mend = "give a writable folder or a pyarrow filesystem URI such as s3://bucket/path"
+        if storage.startswith("s3://") and not any(os.environ.get(v) for v in S3_ENDPOINT_ENV):
+            mend += "; for an S3-compatible store that is not AWS (MinIO, ...), set AWS_ENDPOINT_URL"
+        raise StudyrunnerError(f"{option}: cannot write to {storage!r}: {_first_line(exc)} ({mend})") from None

@@ -34,11 +34,14 @@ RUN_STATUS = {
 # MLflow's HTTP client retries a failed request 7 times with exponential backoff and waits 120 s for each
 # answer: minutes per call against a dead server, while the driver waits. One immediate retry and a 5 s
 # timeout make a refused connection fail at once and a hung server within ~10 s (MlflowGuard then skips
-# MLflow for a while). The user's own settings of these variables win.
+# MLflow for a while). Against a server MLflow also prints two "View run ... at: URL" lines on stdout for
+# every run it ends (each trial and cell, once per attempt): the study's summary links the UI instead.
+# The user's own settings of these variables win.
 HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
 
 

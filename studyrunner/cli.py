@@ -673,8 +673,8 @@ def report(
     from .analysis.report import write_report
 
     ws = _workspace(workspace, db, tracking_uri, storage)
+    loaded = _load_study(study, db, workspace, storage, ws)  # first: a missing ledger creates nothing
     folder = _report_folder(out_dir, ws)
-    loaded = _load_study(study, db, workspace, storage, ws)
     ui_base = ui_url or (ws.tracking_uri if ws.tracking_uri.startswith(("http://", "https://")) else None)
     written = write_report(loaded, folder, ui=ui_base)
     err.print(f"wrote {written[0]}", markup=False, highlight=False)

@@ -19,7 +19,7 @@ from test_ledger import postgres_url  # noqa: F401 - the throwaway PostgreSQL se
 from studyrunner.analysis import data as analysis_data
 from studyrunner.analysis.summary import analyze
 from studyrunner.errors import SpecError
-from studyrunner.orchestrate import RerunSelection, ensure_ray, rerun, submit
+from studyrunner.orchestrate import RerunSelection, RunOptions, ensure_ray, rerun, resume, submit
 from studyrunner.orchestrate.search import OPTUNA_SCHEMA, open_storage, optuna_location, seeded_sampler
 from studyrunner.spec import compile_study, loads
 from studyrunner.spec.compiler import search_cell
@@ -230,6 +230,7 @@ def test_a_search_runs_each_configuration_once_per_seed_and_continues_to_n_trial
     monkeypatch.delenv("STUDYRUNNER_INJECT_FAULT")
     again = submit(compile_study(loads(search_text("tuned"))), ws, show_progress=False)
     assert again.ran == 0 and len(ledger.search_points("tuned")) == 3  # finished: nothing runs, nothing is asked
+    assert resume("tuned", ws, options=RunOptions(show_progress=False)).ran == 0
     more = submit(compile_study(loads(search_text("tuned", n_trials=4))), ws, show_progress=False)
     assert more.ran == 2 and [p.number for p in ledger.search_points("tuned")] == [0, 1, 2, 3]
     assert len(optuna_trials(ws.db_url, "tuned")) == 4
@@ -237,7 +238,7 @@ def test_a_search_runs_each_configuration_once_per_seed_and_continues_to_n_trial
     # rerun and analyze work on a search's trials as on a grid's
     failed = [k for k, r in rows.items() if r.status == "failed"][:1]
     cell = failed[0].split("-")[1]
-    rerun("tuned", ws, RerunSelection(failed=True, seeds=(1,), cells=(cell,)), options=None)
+    rerun("tuned", ws, RerunSelection(failed=True, seeds=(1,), cells=(cell,)), options=RunOptions(show_progress=False))
     assert Ledger(ws.db_url).trials("tuned", failed)[0].status == "succeeded"
     data = analysis_data.load("tuned", workspace=tmp_path)
     history = analyze(data).search
@@ -254,6 +255,18 @@ def test_a_configuration_no_seed_finishes_is_failed_in_optuna(ray_session, tmp_p
     points = Ledger(ws.db_url).search_points("broken")
     assert [(p.state, p.value, p.seeds) for p in points] == [("failed", None, 0)] * 2
     assert {t.state for t in optuna_trials(ws.db_url, "broken")} == {optuna.trial.TrialState.FAIL}
+
+
+def test_values_that_do_not_fit_together_are_failed_without_a_trial(ray_session, tmp_path):
+    text = search_text("misfit", n_trials=2, sampler="random", seeds="[0]")
+    text = text.replace("    train.lr: {loguniform: [1.0e-4, 1.0e-2]}\n    model.params.loops: {int: [1, 3]}\n", "")
+    text += "    model.params.d_model: {choice: [18, 22]}\n    model.params.n_heads: {choice: [4, 8]}\n"
+    ws = Workspace.resolve(tmp_path)
+    result = submit(compile_study(loads(text)), ws, show_progress=False)  # each alone fits; no pair does
+    points = Ledger(ws.db_url).search_points("misfit")
+    assert result.ran == 0 and [(p.state, p.cell_hash) for p in points] == [("failed", None)] * 2
+    assert all("must be divisible by n_heads" in p.error for p in points)
+    assert {t.state for t in optuna_trials(ws.db_url, "misfit")} == {optuna.trial.TrialState.FAIL}
 
 
 def test_a_grid_with_a_search_runs_one_search_per_grid_cell(ray_session, tmp_path):

@@ -130,6 +130,20 @@ def test_validate_and_plan_describe_a_search(write_study):
     assert bad.exit_code == 2 and "search.n_trials" in bad.output
 
 
+def test_the_json_schema_describes_ranges_as_they_are_written():
+    import jsonschema
+    import yaml
+
+    from studyrunner.spec.jsonschema import study_json_schema
+
+    schema = study_json_schema()
+    shipped = yaml.safe_load((Path(__file__).parents[1] / "studies" / "quickstart_lr_search.yaml").read_text())
+    jsonschema.validate(shipped, schema)
+    shipped["search"]["space"]["train.lr"] = {"loguniform": [1.0e-4]}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(shipped, schema)
+
+
 def test_a_search_compiles_to_its_grid_cells_and_a_suggestion_hashes_as_a_grid_value_would():
     compiled = compile_study(loads(search_text("hashes", grid=True)))
     assert compiled.cells == [] and compiled.trials == []
@@ -228,6 +242,10 @@ def test_a_search_runs_each_configuration_once_per_seed_and_continues_to_n_trial
     assert len(client.search_runs([experiment], "tags.kind = 'trial'")) == 6
 
     monkeypatch.delenv("STUDYRUNNER_INJECT_FAULT")
+    from studyrunner.errors import StudyrunnerError
+
+    with pytest.raises(StudyrunnerError, match=r"changes cells .* that already ran \(train.steps\)"):
+        submit(compile_study(loads(search_text("tuned", steps=16))), ws, show_progress=False)
     again = submit(compile_study(loads(search_text("tuned"))), ws, show_progress=False)
     assert again.ran == 0 and len(ledger.search_points("tuned")) == 3  # finished: nothing runs, nothing is asked
     assert resume("tuned", ws, options=RunOptions(show_progress=False)).ran == 0
@@ -255,6 +273,36 @@ def test_a_configuration_no_seed_finishes_is_failed_in_optuna(ray_session, tmp_p
     points = Ledger(ws.db_url).search_points("broken")
     assert [(p.state, p.value, p.seeds) for p in points] == [("failed", None, 0)] * 2
     assert {t.state for t in optuna_trials(ws.db_url, "broken")} == {optuna.trial.TrialState.FAIL}
+
+
+def test_a_repeated_suggestion_is_told_from_the_ledger_without_running_again(ray_session, tmp_path):
+    text = search_text("repeats", n_trials=4, sampler="random", seeds="[0]")
+    text = text.replace("{loguniform: [1.0e-4, 1.0e-2]}", "{choice: [1.0e-3, 2.0e-3]}").replace(
+        "{int: [1, 3]}", "{int: [1, 1]}"
+    )
+    ws = Workspace.resolve(tmp_path)
+    with pytest.raises(SpecError, match=r"low \(1\) must be below high"):
+        loads(text)
+    text = text.replace("    model.params.loops: {int: [1, 1]}\n", "")
+    result = submit(compile_study(loads(text)), ws, show_progress=False)
+    points = Ledger(ws.db_url).search_points("repeats")
+    cells = {p.cell_hash for p in points}
+    assert len(points) == 4 and len(cells) == 2 and result.ran == 2  # four suggestions, two configurations
+    for cell in cells:
+        assert len({p.value for p in points if p.cell_hash == cell}) == 1
+    assert all(Ledger(ws.db_url).trials("repeats")[i].attempts == 1 for i in range(2))
+
+
+def test_a_search_runs_from_one_submit_at_a_time_and_refuses_edits_of_what_its_configurations_share(tmp_path):
+    from studyrunner.errors import StudyrunnerError
+
+    ws = Workspace.resolve(tmp_path)
+    ledger = Ledger(ws.db_url)
+    compiled = compile_study(loads(search_text("alone")))
+    ledger.register(compiled)
+    ledger.open_submission("alone", "submit")  # a live submit (this process) runs the search
+    with pytest.raises(StudyrunnerError, match=r"is a search and is being run by another process .*studyrunner cancel"):
+        submit(compiled, ws, show_progress=False)
 
 
 def test_values_that_do_not_fit_together_are_failed_without_a_trial(ray_session, tmp_path):
@@ -290,7 +338,9 @@ def test_a_search_on_postgresql_keeps_optuna_in_its_own_schema(ray_session, tmp_
     from sqlalchemy import create_engine, inspect
 
     ws = Workspace.resolve(tmp_path, db=postgres_url)
-    text = search_text("pgsearch", n_trials=2, sampler="random", seeds="[0]")
+    text = search_text("pgsearch", n_trials=2, sampler="random", seeds="[0]").replace(
+        "seed: 3", "seed: 3\n  max_concurrent: 2"
+    )
     assert len(submit(compile_study(loads(text)), ws, show_progress=False).succeeded) == 2
     engine = create_engine(postgres_url)
     try:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ray.tune.search import Searcher
-from sqlalchemy import make_url, text
+from sqlalchemy import inspect, make_url, text
 
 from ..errors import SpecError, StudyrunnerError
 from ..spec import CompiledStudy, Trial
@@ -83,11 +83,12 @@ def open_storage(db_url: str):
     url, engine_kwargs = optuna_location(db_url)
     shown = make_url(url).render_as_string(hide_password=True)
     with database_errors(url, option="the ledger's Optuna storage (--db / STUDYRUNNER_DB)"):
-        if engine_kwargs:
+        if engine_kwargs:  # PostgreSQL: the schema first (only where missing: making one needs the right to)
             engine = make_engine(db_url)
             try:
-                with engine.begin() as conn:
-                    conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{OPTUNA_SCHEMA}"'))
+                if OPTUNA_SCHEMA not in inspect(engine).get_schema_names():
+                    with engine.begin() as conn:
+                        conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{OPTUNA_SCHEMA}"'))
             finally:
                 engine.dispose()
         try:

@@ -61,6 +61,24 @@ class Domain(BaseModel):
         low, high = _bounds(kind, list(values))
         return {"kind": kind, "low": low, "high": high}
 
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema, handler) -> dict[str, Any]:
+        """The form written in study files, for editors: one of four one-key mappings."""
+        pair = {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}
+        forms = {
+            "loguniform": pair,
+            "uniform": pair,
+            "int": {**pair, "items": {"type": "integer"}},
+            "choice": {"type": "array", "minItems": 2, "items": {"type": ["number", "string", "boolean", "null"]}},
+        }
+        return {
+            "description": "A range: " + _FORMS,
+            "oneOf": [
+                {"type": "object", "properties": {k: v}, "required": [k], "additionalProperties": False}
+                for k, v in forms.items()
+            ],
+        }
+
     @model_serializer
     def _to_mapping(self) -> dict[str, list]:
         return {self.kind: list(self.choices) if self.kind == "choice" else [self.low, self.high]}

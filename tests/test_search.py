@@ -266,6 +266,32 @@ def test_a_search_runs_each_configuration_once_per_seed_and_continues_to_n_trial
     assert analyze(data).to_dict()["search_best"][0]["cell_hash"] == best.cell_hash
 
 
+def test_the_ledger_and_optuna_are_reconciled_after_a_driver_died_between_their_writes(ray_session, tmp_path):
+    from optuna.distributions import FloatDistribution, IntDistribution
+    from sqlalchemy import create_engine, text
+
+    ws = Workspace.resolve(tmp_path)
+    compiled = compile_study(loads(search_text("orphan", n_trials=2, sampler="random", seeds="[0]")))
+    # Optuna was asked for a configuration, and the driver died before the ledger heard of it.
+    study = optuna.create_study(study_name="orphan", storage=open_storage(ws.db_url), direction="maximize")
+    asked = study.ask(
+        {"train.lr": FloatDistribution(1e-4, 1e-2, log=True), "model.params.loops": IntDistribution(1, 3)}
+    )
+    assert submit(compiled, ws, show_progress=False).ran == 2
+    ledger = Ledger(ws.db_url)
+    points = ledger.search_points("orphan")
+    assert [(p.number, p.state) for p in points] == [(0, "complete"), (1, "complete")]
+    assert points[0].params == asked.params  # recorded and run, not asked again
+    # Optuna was told, and the driver died before the ledger recorded it.
+    engine = create_engine(ws.db_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE search_points SET state = 'running', value = NULL WHERE number = 1"))
+    engine.dispose()
+    assert submit(compiled, ws, show_progress=False).ran == 0
+    told = optuna_trials(ws.db_url, "orphan")
+    assert [(p.state, p.value) for p in ledger.search_points("orphan")] == [("complete", t.value) for t in told]
+
+
 def test_a_configuration_no_seed_finishes_is_failed_in_optuna(ray_session, tmp_path, monkeypatch):
     ws = Workspace.resolve(tmp_path)
     monkeypatch.setenv("STUDYRUNNER_INJECT_FAULT", "broken-*")
@@ -375,7 +401,7 @@ def statuses(db: Path) -> tuple[dict[str, str], list[str]]:
 @pytest.mark.faults
 def test_a_search_whose_driver_is_killed_continues_without_running_finished_configurations(tmp_path):
     study = tmp_path / "crashy.yaml"
-    study.write_text(search_text("crashy", n_trials=4, steps=150))
+    study.write_text(search_text("crashy", n_trials=3, steps=80))
     ws = tmp_path / "ws"
     env = {**os.environ, "STUDYRUNNER_HOME": str(ws)}
     for name in ("MLFLOW_TRACKING_URI", "STUDYRUNNER_DB", "STUDYRUNNER_STORAGE"):
@@ -401,16 +427,16 @@ def test_a_search_whose_driver_is_killed_continues_without_running_finished_conf
     )
     assert again.returncode == 0, again.stdout + again.stderr
     points = ledger.search_points("crashy")
-    assert [p.number for p in points] == [0, 1, 2, 3] and {p.state for p in points} == {"complete"}
+    assert [p.number for p in points] == [0, 1, 2] and {p.state for p in points} == {"complete"}
     rows = {r.trial_key: r for r in ledger.trials("crashy")}
-    assert len(rows) == 8 and {r.status for r in rows.values()} == {"succeeded"}
+    assert len(rows) == 6 and {r.status for r in rows.values()} == {"succeeded"}
     for key, was in before.items():
         if was == "succeeded":
             assert rows[key].attempts == 1  # nothing that finished ran again
     for number, p in told_before.items():
         assert next(q for q in points if q.number == number).value == p.value
     told = optuna_trials(f"sqlite:///{ws / 'ledger.db'}", "crashy")
-    assert [(t.number, t.state) for t in told] == [(n, optuna.trial.TrialState.COMPLETE) for n in range(4)]
+    assert [(t.number, t.state) for t in told] == [(n, optuna.trial.TrialState.COMPLETE) for n in range(3)]
     # The configurations an uninterrupted search asks for (the same sampler, seed and space).
     compiled = compile_study(loads(study.read_text()))
     fresh = optuna.create_study(sampler=seeded_sampler("tpe", 3), direction="maximize")

@@ -290,6 +290,18 @@ def test_the_ledger_and_optuna_are_reconciled_after_a_driver_died_between_their_
     assert submit(compiled, ws, show_progress=False).ran == 0
     told = optuna_trials(ws.db_url, "orphan")
     assert [(p.state, p.value) for p in ledger.search_points("orphan")] == [("complete", t.value) for t in told]
+    # The Optuna study deleted: the ledger has every suggestion and outcome, and rebuilds it.
+    (tmp_path / "ledger.optuna.db").unlink()
+    assert (
+        submit(
+            compile_study(loads(search_text("orphan", n_trials=3, sampler="random", seeds="[0]"))),
+            ws,
+            show_progress=False,
+        ).ran
+        == 1
+    )
+    rebuilt = optuna_trials(ws.db_url, "orphan")
+    assert [(t.params, t.value) for t in rebuilt[:2]] == [(t.params, t.value) for t in told] and len(rebuilt) == 3
 
 
 def test_a_configuration_no_seed_finishes_is_failed_in_optuna(ray_session, tmp_path, monkeypatch):

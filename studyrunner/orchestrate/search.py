@@ -301,12 +301,9 @@ class SearchRun:
         for search in self.searches.values():
             trials = {t.number: t for t in search.optuna.get_trials(deepcopy=False)}
             missing = sorted(n for (name, n) in rows if name == search.name and n not in trials)
-            if missing:
-                raise StudyrunnerError(
-                    f"the Optuna study {search.name!r} ({optuna_location(self.ledger.url)[0]}) lacks suggestions "
-                    f"the ledger records (#{', #'.join(map(str, missing[:5]))}): it was deleted or replaced. "
-                    f"Restore it, or run the search anew: studyrunner submit FILE --as-new-study NAME"
-                )
+            if missing:  # the Optuna study was deleted or replaced: the ledger has what it held
+                self._rebuild(search, [rows[(search.name, n)] for n in missing], bool(trials))
+                trials = {t.number: t for t in search.optuna.get_trials(deepcopy=False)}
             for number, trial in sorted(trials.items()):
                 row = rows.get((search.name, number))
                 if row is None:  # asked for, then the driver died before the ledger heard of it
@@ -330,6 +327,35 @@ class SearchRun:
                 self._tell_if_done(point)
         cells = [p.cell for p in self.open.values() if p.cell is not None]
         self.compiled = with_cells(self.compiled, cells)
+
+    def _rebuild(self, search: _Search, points: list, partial: bool) -> None:
+        """Give an emptied Optuna study the suggestions the ledger records, in order, with their outcomes."""
+        from optuna.trial import TrialState, create_trial
+
+        space = self.compiled.study.search.space
+        try:
+            if partial or [p.number for p in points] != list(range(len(points))):
+                raise ValueError("it holds other trials")
+            for p in points:
+                params = {k: v for k, v in p.params.items() if k in space}
+                state = {"complete": TrialState.COMPLETE, "failed": TrialState.FAIL}.get(p.state, TrialState.RUNNING)
+                trial = create_trial(
+                    params=params,
+                    distributions={k: _distribution(space[k]) for k in params},
+                    value=p.value if state is TrialState.COMPLETE else None,
+                    state=state,
+                    user_attrs={"cell_hash": p.cell_hash, "seeds": p.seeds or 0},
+                )
+                search.optuna.add_trial(trial)
+        except ValueError as exc:  # a value outside today's range, numbers that cannot agree
+            raise StudyrunnerError(
+                f"the Optuna study {search.name!r} ({optuna_location(self.ledger.url)[0]}) lacks suggestions the "
+                f"ledger records and cannot be rebuilt from it ({exc}); restore it, or run the search anew: "
+                "studyrunner submit FILE --as-new-study NAME"
+            ) from None
+        self.say(
+            f"the Optuna study {search.name} lacked the ledger's {len(points)} suggestions: rebuilt from the ledger"
+        )
 
     def plan(self) -> str:
         spec = self.compiled.study.search

@@ -331,7 +331,7 @@ def test_a_repeated_suggestion_is_told_from_the_ledger_without_running_again(ray
     assert all(Ledger(ws.db_url).trials("repeats")[i].attempts == 1 for i in range(2))
 
 
-def test_a_search_runs_from_one_submit_at_a_time_and_refuses_edits_of_what_its_configurations_share(tmp_path):
+def test_a_search_runs_from_one_submit_at_a_time(tmp_path):
     from studyrunner.errors import StudyrunnerError
 
     ws = Workspace.resolve(tmp_path)

@@ -20,10 +20,11 @@ the schema `studyrunner_optuna` in a PostgreSQL ledger's database.
 
 Continuing a search: the ledger decides what finished. Each submit (or resume) first reconciles the two
 stores: a suggestion Optuna holds but the ledger lacks (a driver killed between the two writes) is recorded;
-a point whose seeds have all finished but that Optuna was not told of is told now; a point with unfinished
-seeds runs those seeds before anything new is asked. `n_trials` counts configurations, those of earlier
-submits included: a finished search runs nothing when submitted again, and a larger `n_trials` asks for the
-difference. A search runs from one submit at a time.
+a point whose seeds have all finished but that Optuna was not told of is told now (and an outcome Optuna has
+but the ledger lacks is copied); a point with unfinished seeds runs those seeds before anything new is
+asked; an Optuna study that was deleted is rebuilt from the ledger's points. `n_trials` counts
+configurations, those of earlier submits included: a finished search runs nothing when submitted again,
+and a larger `n_trials` asks for the difference. A search runs from one submit at a time.
 
 Reproducible suggestions: suggestion n is drawn by a fresh sampler seeded from (`search.seed`, n), so a search
 continued after a crash suggests what the uninterrupted one would have, given the same earlier values (with
@@ -238,12 +239,21 @@ class _Search:
     def budget(self) -> int:
         return self.run.compiled.study.search.n_trials - len(self.points)
 
-    def set_user_attrs(self, number: int, attrs: dict[str, Any]) -> None:
-        trial_id = self.storage.get_trial_id_from_study_id_trial_number(
+    def trial_id(self, number: int) -> int:
+        return self.storage.get_trial_id_from_study_id_trial_number(
             self.storage.get_study_id_from_name(self.name), number
         )
-        for key, value in attrs.items():
-            self.storage.set_trial_user_attr(trial_id, key, value)
+
+    def running(self, number: int) -> bool:
+        from optuna.trial import TrialState
+
+        return self.storage.get_trial(self.trial_id(number)).state is TrialState.RUNNING
+
+    def set_user_attrs(self, number: int, attrs: dict[str, Any]) -> None:
+        """Attributes of a running Optuna trial (a finished one cannot change), for optuna-dashboard users."""
+        if self.running(number):
+            for key, value in attrs.items():
+                self.storage.set_trial_user_attr(self.trial_id(number), key, value)
 
 
 # ------------------------------------------------------------------------------------- the run
@@ -518,16 +528,13 @@ class SearchRun:
         from optuna.trial import TrialState
 
         search = point.search
-        trial_id = search.storage.get_trial_id_from_study_id_trial_number(
-            search.storage.get_study_id_from_name(search.name), point.number
-        )
-        if search.storage.get_trial(trial_id).state is not TrialState.RUNNING:
+        if not search.running(point.number):
             return
-        search.storage.set_trial_user_attr(trial_id, "seeds", seeds or 0)
+        search.set_user_attrs(point.number, {"seeds": seeds or 0})
         if point.asked_as is not None:
             result = {self.compiled.study.metric.name: value} if value is not None else None
             search.tuner_search.on_trial_complete(point.asked_as, result, error=value is None)
-        if search.storage.get_trial(trial_id).state is TrialState.RUNNING:
+        if search.running(point.number):
             state = TrialState.COMPLETE if value is not None else TrialState.FAIL
             search.optuna.tell(point.number, value, state=state, skip_if_finished=True)
 

@@ -261,19 +261,19 @@ def compile_study(study: Study) -> CompiledStudy:
         cells.append(Cell(h, config, overrides, label))
     if not cells:
         raise spec_error(source, node, ("exclude",), "every cell is excluded; nothing would run")
+    warnings = [
+        str(spec_error(source, node, ("exclude", i), "matches no cell; check its values against the axes"))
+        for i, hit in enumerate(used)
+        if not hit
+    ]
     if study.search is not None:
-        return _compile_search(study, cells)
+        return _compile_search(study, cells, warnings)
     cells = _with_baselines(study, cells)
 
     trials = [
         Trial(trial_key(study.name, c.cell_hash, s), study.name, c.cell_hash, s, c.config, c.label)
         for c in cells
         for s in study.seeds
-    ]
-    warnings = [
-        str(spec_error(source, node, ("exclude", i), "matches no cell; check its values against the axes"))
-        for i, hit in enumerate(used)
-        if not hit
     ]
     compiled = CompiledStudy(study, cells, trials, warnings)
     check_feasible(compiled)
@@ -283,7 +283,7 @@ def compile_study(study: Study) -> CompiledStudy:
 # ------------------------------------------------------------------------------------------- searches
 
 
-def _compile_search(study: Study, bases: list[Cell]) -> CompiledStudy:
+def _compile_search(study: Study, bases: list[Cell], warnings: list[str]) -> CompiledStudy:
     """A search study: every range must fit every grid cell it runs in (both ends and a point inside, each
     resolved as a grid value is); its cells come from suggestions, so it compiles to none yet."""
     search = study.search
@@ -308,7 +308,7 @@ def _compile_search(study: Study, bases: list[Cell]) -> CompiledStudy:
                     )
                     msg = f"{domain.kind} value {value!r}{place} is refused: {why}{hint}"
                     raise spec_error(study.source, study._node, ("search", "space", path), msg) from None
-    compiled = CompiledStudy(study, [], [], bases=bases)
+    compiled = CompiledStudy(study, [], [], warnings, bases=bases)
     check_feasible(CompiledStudy(study, bases, [], compiled.warnings))  # the metric, eval sizes: per grid cell
     return compiled
 

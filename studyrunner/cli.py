@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -365,7 +366,21 @@ def validate(file: StudyFile):
 
     compiled = load_and_compile(file)
     _warn(compiled.warnings)
-    out.print(f"{file}: ok ({len(compiled.cells)} cells, {len(compiled.trials)} trials)", markup=False, highlight=False)
+    counts = (
+        _search_line(compiled)
+        if compiled.study.search
+        else f"{len(compiled.cells)} cells, {len(compiled.trials)} trials"
+    )
+    out.print(f"{file}: ok ({counts})", markup=False, highlight=False)
+
+
+def _search_line(compiled) -> str:
+    search, seeds, grid = compiled.study.search, len(compiled.study.seeds), len(compiled.bases)
+    per = f" in each of {grid} grid cells" if grid > 1 else ""
+    return (
+        f"search: {search.algorithm} {search.sampler}, {search.n_trials} configurations x {seeds} seeds{per} = "
+        f"up to {grid * search.n_trials * seeds} trials"
+    )
 
 
 @app.command()
@@ -381,11 +396,11 @@ def plan(file: StudyFile):
     compiled = load_and_compile(file)
     _warn(compiled.warnings)
     study = compiled.study
-    table = Table(
-        title=Text(
-            f"{study.name}: {len(compiled.cells)} cells x {len(study.seeds)} seeds = {len(compiled.trials)} trials"
-        )
-    )
+    title = f"{study.name}: {len(compiled.cells)} cells x {len(study.seeds)} seeds = {len(compiled.trials)} trials"
+    if study.search:  # the grid cells its searches run in, at the base values of the searched paths
+        compiled = dataclasses.replace(compiled, cells=compiled.bases)
+        title = f"{study.name}: {_search_line(compiled)}; grid cells (searched paths at their base values)"
+    table = Table(title=Text(title))
     columns = ["#", "cell", "cell_hash", "family", "params", "effective_depth", "steps"]
     has_baselines = any(c.baseline_of for c in compiled.cells)
     for col in columns + (["baseline of"] if has_baselines else []):
@@ -406,6 +421,16 @@ def plan(file: StudyFile):
             *([", ".join(f"{kind} of #{number[h]}" for kind, h in cell.baseline_of)] if has_baselines else []),
         )
     out.print(table)
+    if study.search:
+        space = Table(title=Text(f"search space ({study.search.sampler}, seed {study.search.seed})"))
+        for col in ("path", "range"):
+            space.add_column(col)
+        for path, domain in study.search.space.items():
+            space.add_row(
+                Text(path),
+                Text(f"{domain.kind} {list(domain.choices) if domain.kind == 'choice' else [domain.low, domain.high]}"),
+            )
+        out.print(space)
 
 
 @app.command()

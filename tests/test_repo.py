@@ -29,7 +29,7 @@ def test_readme_opens_with_setup_and_quickstart_and_ci_runs_them():
 @pytest.mark.parametrize("path", sorted((ROOT / "studies").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_studies_compile(path):
     compiled = load_and_compile(path)
-    assert compiled.trials
+    assert compiled.trials or (compiled.study.search and compiled.bases)  # a search's cells come as it runs
 
 
 def test_quickstart_compares_looped_with_shallow_and_deeper_unlooped():

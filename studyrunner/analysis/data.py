@@ -23,6 +23,7 @@ import pandas as pd
 from ..errors import SpecError, StudyrunnerError
 from ..spec.claims_grammar import GrammarError, Rule, parse_rule
 from ..store import CurveStore, Ledger
+from .search import search_frame
 
 DONE = ("succeeded", "failed", "diverged")
 FAILED_STATUSES = ("failed", "diverged")
@@ -50,6 +51,8 @@ class StudyData:
     warnings: list[str] = field(default_factory=list)  # e.g. a cell whose seeds ran different code
     # Told of what the analysis leaves out as it goes (an unreadable curve); default: a Python warning.
     on_warning: Callable[[str], None] | None = None
+    # A search study's suggestions in order (analysis/search.py); empty for a grid study.
+    search: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     # --- derived views ----------------------------------------------------------------------------
 
@@ -215,7 +218,7 @@ def load(
     claims = list(getattr(spec, "claims", []) or [])
     metric = spec.metric.name if spec is not None else "eval_accuracy"
     mode = spec.metric.mode if spec is not None else "max"
-    if compiled is not None:
+    if compiled is not None and compiled.study.search is None:  # a search's trials: those suggested so far
         finished = set(trials.loc[trials.status.isin(DONE), "trial_key"])
         wanted = {t.trial_key for t in compiled.trials}
         missing = len(wanted - finished)
@@ -226,6 +229,8 @@ def load(
         missing = int((~trials.status.isin(DONE)).sum())
         order = list(dict.fromkeys(trials.cell_hash))
     order += [h for h in dict.fromkeys(trials.cell_hash) if h not in order]
+    labels = dict(zip(trials.cell_hash, trials.cell, strict=True)) if "cell" in trials else {}
+    search = search_frame(ledger, name, labels, mode) if getattr(spec, "search", None) is not None else None
     return StudyData(
         name=name,
         trials=annotate(trials.reset_index(drop=True), rule),
@@ -239,6 +244,7 @@ def load(
         curve_store=CurveStore(ws.storage),
         cells_order=order,
         warnings=[*filter(None, [ledger.read_note]), *mixed_code_versions(trials, ledger.provenance(name))],
+        search=search if search is not None else pd.DataFrame(),
     )
 
 

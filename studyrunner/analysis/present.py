@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .claims import CONTRADICTED, INCONCLUSIVE, INVALID, SUPPORTED, Verdict
+from .search import best_points
 from .summary import GAP_COLUMNS, Analysis, fmt, interval
 
 STYLES = {SUPPORTED: "green", CONTRADICTED: "red", INCONCLUSIVE: "yellow", INVALID: "magenta"}
@@ -186,8 +187,41 @@ def print_analysis(a: Analysis, console: Console) -> None:
                 },  # fmt: skip
             )
         )
+    if len(a.search):
+        console.print(search_table(a))
+        for row in best_points(a.search).itertuples():
+            console.print(
+                Text(
+                    f"best of search {row.search}: #{row.number} {row.cell} [{row.cell_hash}], {a.data.metric} "
+                    f"{fmt(row.value)} over {row.seeds} seeds"
+                ),
+                soft_wrap=True,
+            )
     if a.verdicts:
         console.print(verdicts_table(a.verdicts))
+
+
+def search_table(a: Analysis) -> Table:
+    """The search's history: each suggestion, what Optuna was told, and the best value so far."""
+    frame = a.search
+    searches = frame.search.nunique()
+    table = _table(
+        f"search history: {a.data.metric} ({a.data.mode}) told to Optuna, seed mean per configuration",
+        (["search"] if searches > 1 else []) + ["#", "cell", "state", "value", "seeds", "best so far", "best"],
+    )
+    for row in frame.itertuples():
+        _add_row(
+            table,
+            *([Text(row.search)] if searches > 1 else []),
+            str(row.number),
+            Text(row.cell),
+            Text(row.state, style="" if row.state == "complete" else "yellow"),
+            fmt(row.value),
+            fmt(row.seeds) if row.seeds == row.seeds else "",
+            fmt(row.best_so_far),
+            Text("best", style="green") if row.best else "",
+        )
+    return table
 
 
 def write_json(obj, out=None) -> None:

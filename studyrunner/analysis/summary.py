@@ -13,6 +13,7 @@ from . import claims as claims_mod
 from . import fits as fits_mod
 from . import stats as stats_mod
 from .data import StudyData
+from .search import best_points
 
 
 @dataclass
@@ -55,6 +56,11 @@ class Analysis:
             text += f"; failure rule: {d.failure_rule.text}"
         return text
 
+    @property
+    def search(self) -> pd.DataFrame:
+        """A search study's suggestions in order, with the value Optuna was told and the best so far."""
+        return self.data.search
+
     def to_dict(self) -> dict:
         def records(df: pd.DataFrame) -> list[dict]:
             return json.loads(df.to_json(orient="records")) if len(df) else []
@@ -75,6 +81,8 @@ class Analysis:
             "time_to_solve": records(self.time_to_solve_cells),
             "failure_vs_depth": self.failure_depth,
             "claims": records(self.claims_table),
+            "search": records(self.search),
+            "search_best": records(best_points(self.search)),
         }
 
 

@@ -43,3 +43,15 @@ def check_cluster_fits(resources, nodes: list[dict] | None = None) -> None:
         + (f" and {resources.memory_gb:g} GB" if resources.memory_gb else "")
         + " that one trial asks for (resources:); lower them or add a node that has them"
     )
+
+
+def trials_at_once(resources, total: dict[str, float] | None = None) -> int:
+    """How many trials the cluster holds at once (its CPUs and GPUs over one trial's); at least 1."""
+    if total is None:
+        import ray
+
+        total = ray.cluster_resources()
+    fits = [total.get("CPU", 0) // resources.cpu]
+    if resources.gpu:
+        fits.append(total.get("GPU", 0) // resources.gpu)
+    return max(1, int(min(fits)))

@@ -40,6 +40,12 @@ class ProgressDisplay(DriverCallback):
         )
         self.task = self.progress.add_task("training", total=sum(steps_by_key.values()), counts=self._counts())
 
+    def admit(self, steps_by_key: dict[str, int]) -> None:
+        """Trials added mid-run (a search's new suggestion)."""
+        self.steps_by_key.update(steps_by_key)
+        self.progress.update(self.task, total=sum(self.steps_by_key.values()))
+        self._refresh()
+
     def _counts(self) -> str:
         total = len(self.steps_by_key)
         return (

@@ -91,6 +91,19 @@ class Recorder(DriverCallback):
         self.beats: dict[str, float] = {}
         self.finished: set[str] = set()
 
+    def admit(self, cell, trials: list[Trial]) -> None:
+        """Trials of a cell this driver learns of mid-run (a search's new suggestion): the cell's parent run (the
+        ledger's, one MLflow holds by tag, or a new one), then they are recorded as the others are."""
+        known = next(
+            (c.mlflow_run_id for c in self.ledger.cells(self.study.name) if c.cell_hash == cell.cell_hash), None
+        )
+        known = known or self.known_runs.get(("cell", cell.cell_hash))
+        ok, run_id = self.mlflow.call(self.tracker.cell_run, self.experiment_id, self.study, cell, known)
+        if ok and run_id != known:
+            self.ledger.set_cell_run(self.study.name, cell.cell_hash, run_id)
+        self.parent_runs[cell.cell_hash] = run_id if ok else known
+        self.trials.update({t.trial_key: t for t in trials})
+
     @staticmethod
     def _keys(trial) -> list[str]:
         """The trials a Tune trial runs: one, or a cell's seeds trained together (`vectorize_seeds`)."""

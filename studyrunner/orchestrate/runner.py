@@ -26,7 +26,7 @@ from ..store import STATUSES, CurveStore, Ledger
 from ..store.ledger import STALE_AFTER_S, SUBMIT_RUNS
 from ..store.ledger import probe as probe_ledger
 from ..workspace import Workspace, checkpoint_location
-from .capacity import check_cluster_fits, trial_resources
+from .capacity import check_cluster_fits, trial_resources, trials_at_once
 from .driver_callback import CancelStopper
 from .faults import driver_kills, fault_injected, injections_for
 from .progress import ProgressDisplay
@@ -72,6 +72,8 @@ def _quiet_ray_env() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     # "Processing trial results took 1.4 s": the driver's first MLflow writes, not a user's concern.
     logging.getLogger("ray.tune.utils.util").setLevel(logging.ERROR)
+    # A resumed attempt's replay report (a list of records) is not a value TensorBoard can log; the curve has it.
+    logging.getLogger("ray.tune.logger.tensorboardx").setLevel(logging.ERROR)
 
 
 def _check_reachable(address: str) -> None:
@@ -141,6 +143,8 @@ def submit(
     console = console or Console(stderr=True)
     options = options or RunOptions(**option_fields)
     ledger, tracker = _open_stores(workspace)
+    if compiled.study.search is not None:
+        return _submit_search(compiled, workspace, ledger, tracker, "submit", options, console)
     _refuse_changed_meaning(ledger, compiled)
     resolve_teachers(compiled, ledger, workspace)  # a missing or unfinished teacher fails before any write
     reg = ledger.register(compiled)
@@ -159,6 +163,8 @@ def resume(
     console, options = console or Console(stderr=True), options or RunOptions()
     ledger, tracker = _open_stores(workspace, create=False)
     compiled = stored_study(ledger, study)
+    if compiled.study.search is not None:  # continuing a search is submitting it again
+        return _submit_search(compiled, workspace, ledger, tracker, "resume", options, console)
     reg = ledger.register(compiled)
     result = SubmitResult(study, len(compiled.trials), skipped=reg.skipped)
     stale = sorted(ledger.stale_keys(study, options.stale_after))
@@ -213,7 +219,41 @@ def stored_study(ledger: Ledger, name: str) -> CompiledStudy:
     from ..spec import compile_study, loads
 
     row = ledger.get_study(name)
-    return compile_study(loads(row.spec_text, source=f"<study {name} as last submitted>"))
+    compiled = compile_study(loads(row.spec_text, source=f"<study {name} as last submitted>"))
+    if compiled.study.search is not None:  # its cells are the suggestions the ledger records
+        from .search import with_search_cells
+
+        compiled = with_search_cells(compiled, ledger)
+    return compiled
+
+
+def _submit_search(compiled, workspace, ledger, tracker, command, options, console) -> SubmitResult:
+    """A search study (orchestrate/search.py): make the ledger and the Optuna study agree, run the seeds of
+    configurations left unfinished, then new suggestions until `n_trials` configurations."""
+    from .search import SearchRun
+
+    reap_dead(ledger, compiled.study.name)
+    say = lambda line: console.print(Text.assemble(("search: ", "cyan"), line), highlight=False)  # noqa: E731
+    search = SearchRun(compiled, ledger, workspace.db_url, say)
+    search.check_alone(options.stale_after)
+    _refuse_changed_meaning(ledger, search.compiled)
+    ledger.register(search.compiled)
+    search.reconcile()
+    compiled = search.compiled
+    reg = ledger.register(compiled)
+    held = [r.trial_key for r in ledger.trials_by_key(reg.held) if r.status in ("failed", "diverged")]
+    result = SubmitResult(compiled.study.name, len(compiled.trials), skipped=reg.skipped, held=held)
+    console.print(f"[bold]{escape(compiled.study.name)}[/]: {escape(search.plan())}")
+    if compiled.cells:
+        _say_plan(console, compiled, reg.skipped, held, workspace)
+    stale = sorted(ledger.stale_keys(compiled.study.name, options.stale_after))
+    result = _run(
+        compiled, workspace, ledger, tracker, reg.to_run + stale, command, result, options, console, search=search
+    )
+    result.trials = len(search.compiled.trials)
+    for line in search.summary():
+        console.print(line, markup=False, highlight=False)
+    return result
 
 
 def _refuse_changed_meaning(ledger: Ledger, compiled: CompiledStudy) -> None:
@@ -253,9 +293,11 @@ def _run(
     console: Console,
     statuses: tuple[str, ...] = SUBMIT_RUNS,
     fresh: bool = False,
+    search=None,
 ) -> SubmitResult:
     """Claim the candidates this process may run (`fresh`: then discard their checkpoints), run them on Ray
-    Tune, release what did not finish, and mend what MLflow lacks of the study's finished trials."""
+    Tune, release what did not finish, and mend what MLflow lacks of the study's finished trials. With a
+    `search` (orchestrate/search.py), Tune also runs the seeds of the configurations it suggests."""
     options = options or RunOptions()
     study = compiled.study
     teachers = resolve_teachers(compiled, ledger, workspace)
@@ -269,8 +311,12 @@ def _run(
     to_run = [t for t in compiled.trials if t.trial_key in claimed]
     if result.busy:
         console.print(f"{len(result.busy)} trials are being run by another submit of {escape(study.name)}; left to it")
-    console.print(f"{len(to_run)} to run")
-    if not to_run:
+    console.print(
+        f"{len(to_run)} to run" + (", then new suggestions" if search is not None and search.can_ask() else "")
+    )
+    if search is not None:  # a suggestion's trials are leased as they come
+        search.lease = lambda keys: set(ledger.claim(study.name, keys, submission.id, statuses, options.stale_after))
+    if not to_run and (search is None or not search.can_ask()):
         submission.close()
         _mend_tracking(ledger, tracker, workspace, study.name, console)
         return result
@@ -296,7 +342,7 @@ def _run(
                 known_runs=by_tag,
                 sync_hint=workspace.hint("sync-mlflow", study.name),
             )
-            _fit(study, to_run, recorder, workspace, options, submission.cancelled, console, teachers)
+            _fit(study, to_run, recorder, workspace, options, submission.cancelled, console, search, teachers)
             result.wall_time_s = time.perf_counter() - started
     finally:
         with interrupts_deferred():  # a second Ctrl-C must not leave trials `running`
@@ -315,7 +361,8 @@ def _run(
         )
     else:
         _mend_tracking(ledger, tracker, workspace, study.name, console)
-    for row in ledger.trials(study.name, [t.trial_key for t in to_run]):
+    ran = to_run + (search.admitted if search is not None else [])
+    for row in ledger.trials(study.name, [t.trial_key for t in ran]):
         bucket = {
             "succeeded": result.succeeded,
             "failed": result.failed,
@@ -450,9 +497,18 @@ def _payloads(study, to_run, workspace: Workspace, teachers: dict | None = None)
 
 
 def _fit(
-    study, to_run, recorder: Recorder, workspace: Workspace, options: RunOptions, cancel, console, teachers=None
+    study,
+    to_run,
+    recorder: Recorder,
+    workspace: Workspace,
+    options: RunOptions,
+    cancel,
+    console,
+    search=None,
+    teachers=None,
 ) -> None:
-    """One Tune run over `to_run`: a trial per trial_key, recorded on the driver by `recorder`."""
+    """One Tune run over `to_run`: a trial per trial_key, recorded on the driver by `recorder`; with a `search`,
+    then the trials of its suggestions. `teachers`: conversions' teacher checkpoints (teachers.py)."""
     from ray import tune
 
     from .trainable import trainable
@@ -460,12 +516,26 @@ def _fit(
     progress = ProgressDisplay({t.trial_key: t.config["train"]["steps"] for t in to_run}, console=console)
     callbacks = [recorder, progress] if options.show_progress else [recorder]
     retries = study.retries if options.max_failures is None else options.max_failures
+    if search is None:
+        trials = {"param_space": {"trial": tune.grid_search(_payloads(study, to_run, workspace, teachers))}}
+    else:
+
+        def admit(cell, trials) -> None:
+            recorder.admit(cell, trials)
+            progress.admit({t.trial_key: t.config["train"]["steps"] for t in trials})
+
+        payloads = lambda trials: _payloads(study, trials, workspace, teachers)  # noqa: E731
+        trials = {"search_alg": search.searcher(to_run, payloads=payloads, admit=admit), "num_samples": -1}
+        # Tune starts one trial of a searcher's at a time unless told how many may run: a configuration's seeds
+        # would run one after another.
+        trials["max_concurrent_trials"] = options.max_concurrent or trials_at_once(study.resources)
+    trials.setdefault("max_concurrent_trials", options.max_concurrent)
     tuner = tune.Tuner(
         tune.with_resources(trainable, trial_resources(study.resources)),
-        param_space={"trial": tune.grid_search(_payloads(study, to_run, workspace, teachers))},
+        param_space=trials.pop("param_space", None),
         tune_config=tune.TuneConfig(
+            **trials,
             reuse_actors=True,
-            max_concurrent_trials=options.max_concurrent,
             trial_name_creator=lambda trial: trial.config["trial"]["trial_key"],
             trial_dirname_creator=lambda trial: trial.config["trial"]["trial_key"],
         ),

@@ -10,9 +10,10 @@ from typing import Any
 
 from .errors import spec_error
 from .schema import AXIS_ROOTS, Study
+from .search import check_search
 
 
-def _axis_path_problem(path: str) -> str | None:
+def axis_path_problem(path: str) -> str | None:
     parts = path.split(".")
     if parts[0] not in AXIS_ROOTS or len(parts) < 2 or not all(parts):
         return f"axis {path!r} is not a dotted path under {', '.join(AXIS_ROOTS)} (e.g. 'model.params.loops')"
@@ -25,7 +26,7 @@ def check_study(study: Study, source: str, node: Any) -> None:
 
     seen: dict[str, str] = {}
     for path, values in study.grid.items():
-        if problem := _axis_path_problem(path):
+        if problem := axis_path_problem(path):
             fail(("grid", path), problem)
         if not values:
             fail(("grid", path), "axis has no values; give at least one")
@@ -35,7 +36,7 @@ def check_study(study: Study, source: str, node: Any) -> None:
             fail(("zip", g), "empty group; give at least one path with its values")
         lengths = {path: len(values) for path, values in group.items()}
         for path in group:
-            if problem := _axis_path_problem(path):
+            if problem := axis_path_problem(path):
                 fail(("zip", g, path), problem)
             if path in seen:
                 fail(("zip", g, path), f"path is varied twice (also in {seen[path]}); vary it in one place")
@@ -47,7 +48,7 @@ def check_study(study: Study, source: str, node: Any) -> None:
         if not extra:
             fail(("include", i), "empty entry would repeat the base cell; give the paths that make this cell")
         for path in extra:
-            if problem := _axis_path_problem(path):
+            if problem := axis_path_problem(path):
                 fail(("include", i, path), problem)
     for i, partial in enumerate(study.exclude):
         if not partial:
@@ -56,3 +57,4 @@ def check_study(study: Study, source: str, node: Any) -> None:
             if path not in seen:
                 varied = ", ".join(seen) or "none"
                 fail(("exclude", i, path), f"no grid or zip axis varies this path; varied paths: {varied}")
+    check_search(study, fail)

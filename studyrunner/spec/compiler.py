@@ -17,10 +17,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from ..errors import SpecError
 from ..models import get_family
 from ..tasks import get_task
 from .baselines import add_baselines
-from .errors import describe, spec_error
+from .errors import describe, dotted, spec_error
 from .feasibility import check_feasible
 from .knobs import knob_problem
 from .schema import EvalSection, Study, TrainSection
@@ -55,6 +56,9 @@ class CompiledStudy:
     trials: list[Trial] = field(default_factory=list)
     # Suspicious but runnable settings, one line each (`file:line: field: message`); shown, never fatal.
     warnings: list[str] = field(default_factory=list)
+    # A search study (`search:`): the grid cells its searches run in (the base config alone without a grid).
+    # Its `cells` are the configurations suggested so far, which only the ledger knows (orchestrate/search.py).
+    bases: list[Cell] = field(default_factory=list)
 
     @property
     def axes(self) -> list[str]:
@@ -272,6 +276,13 @@ def compile_study(study: Study) -> CompiledStudy:
         cells.append(Cell(h, config, dict(extra), label))
     if not cells:
         raise spec_error(source, node, ("exclude",), "every cell is excluded; nothing would run")
+    warnings = [
+        str(spec_error(source, node, ("exclude", i), "matches no cell; check its values against the axes"))
+        for i, hit in enumerate(used)
+        if not hit
+    ]
+    if study.search is not None:
+        return _compile_search(study, cells, warnings)
     cells = _with_baselines(study, cells)
 
     trials = [
@@ -279,11 +290,73 @@ def compile_study(study: Study) -> CompiledStudy:
         for c in cells
         for s in study.seeds
     ]
-    warnings = [
-        str(spec_error(source, node, ("exclude", i), "matches no cell; check its values against the axes"))
-        for i, hit in enumerate(used)
-        if not hit
-    ]
     compiled = CompiledStudy(study, cells, trials, warnings)
     check_feasible(compiled)
     return compiled
+
+
+# ------------------------------------------------------------------------------------------- searches
+
+
+def _compile_search(study: Study, bases: list[Cell], warnings: list[str]) -> CompiledStudy:
+    """A search study: every range must fit every grid cell it runs in (both ends and a point inside, each
+    resolved as a grid value is); its cells come from suggestions, so it compiles to none yet."""
+    search = study.search
+    total = len(bases) * search.n_trials * len(study.seeds)
+    if total > MAX_TRIALS:
+        raise spec_error(
+            study.source, study._node, ("search", "n_trials"), f"{total:,} trials; a study holds at most {MAX_TRIALS:,}"
+        )
+    for base in bases:
+        for path, domain in search.space.items():
+            for value in domain.probes():
+                try:
+                    search_cell(study, base, {path: value})
+                except SpecError as exc:
+                    field_path, _, why = str(exc).partition(": ")
+                    why = why if field_path == path else str(exc)
+                    place = f" in grid cell '{base.label}'" if base.overrides else ""
+                    hint = (
+                        " (uniform and loguniform give floats; an integer path takes {int: [low, high]})"
+                        if domain.kind in ("uniform", "loguniform") and "integer" in why
+                        else ""
+                    )
+                    msg = f"{domain.kind} value {value!r}{place} is refused: {why}{hint}"
+                    raise spec_error(study.source, study._node, ("search", "space", path), msg) from None
+    compiled = CompiledStudy(study, [], [], warnings, bases=bases)
+    check_feasible(CompiledStudy(study, bases, [], compiled.warnings))  # the metric, eval sizes: per grid cell
+    return compiled
+
+
+def search_cell(study: Study, base: Cell, params: dict[str, Any]) -> Cell:
+    """The cell a search suggestion makes: grid cell `base` with the suggested values set, resolved and hashed
+    as a grid cell is (so a suggestion equal to a grid cell has its hash). Raises SpecError when the values do
+    not make a valid config together (ranges are checked one at a time)."""
+    raw = {
+        "task": study.task.model_dump(),
+        "model": study.model.model_dump(),
+        "train": study.train.model_dump(),
+        "eval": study.eval.model_dump(),
+    }
+    overrides = {**base.overrides, **params}
+    try:
+        for path, value in overrides.items():
+            set_path(raw, path, value)
+        config = resolve(raw)
+    except _Invalid as exc:
+        raise SpecError(f"{dotted(exc.loc)}: {exc.msg}") from None
+    shown = {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in overrides.items()}
+    return Cell(config_hash(config), config, overrides, _label(shown))
+
+
+def with_cells(compiled: CompiledStudy, cells: list[Cell]) -> CompiledStudy:
+    """`compiled` with `cells` added (once each, in order) and their trials, one per seed."""
+    known = {c.cell_hash for c in compiled.cells}
+    added = [c for c in dict((c.cell_hash, c) for c in cells).values() if c.cell_hash not in known]
+    study = compiled.study
+    trials = [
+        Trial(trial_key(study.name, c.cell_hash, s), study.name, c.cell_hash, s, c.config, c.label)
+        for c in added
+        for s in study.seeds
+    ]
+    return CompiledStudy(study, compiled.cells + added, compiled.trials + trials, compiled.warnings, compiled.bases)

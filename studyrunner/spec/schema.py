@@ -21,6 +21,7 @@ from pydantic import (
 
 from ..params import StrictParams
 from .claims_grammar import parse_claim, parse_rule
+from .search import SearchSection
 
 AXIS_ROOTS = ("task", "model", "train", "eval")
 MAX_SEED = 2**31 - 1  # the ledger's INTEGER column on PostgreSQL is 32-bit
@@ -281,6 +282,11 @@ class Study(Strict):
         "base config, e.g. one family's ablation beside a grid over model.family.",
     )
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    search: SearchSection | None = Field(
+        None,
+        description="An Optuna search over study-file paths (README, Searches): n_trials configurations, each run "
+        "once per seed; with grid axes, one search per grid cell.",
+    )
     resources: Resources = Field(default_factory=Resources)
     metric: MetricSpec = Field(default_factory=MetricSpec)
     baselines: list[Literal["iso_param", "iso_flop"]] = Field(

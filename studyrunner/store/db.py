@@ -153,6 +153,28 @@ class CellParamRow(Base):
     value_num: Mapped[float | None] = mapped_column(Float)  # the value when it is a number (bools as 0/1)
 
 
+class SearchPointRow(Base):
+    """One configuration a search suggested (`search:`; revision 0004): an Optuna trial, by its study's name
+    and trial number, and the cell it made. The Optuna study itself lives apart from these tables (its own
+    SQLite file or PostgreSQL schema: orchestrate/search.py); this row is the ledger's account of it."""
+
+    __tablename__ = "search_points"
+    __table_args__ = (ForeignKeyConstraint(["study", "cell_hash"], ["cells.study", "cells.cell_hash"]),)
+
+    study: Mapped[str] = mapped_column(ForeignKey("studies.name"), primary_key=True)
+    search: Mapped[str] = mapped_column(String(200), primary_key=True)  # the Optuna study's name
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)  # the Optuna trial's number
+    base_hash: Mapped[str] = mapped_column(String(32))  # the grid cell the search runs in
+    cell_hash: Mapped[str | None] = mapped_column(String(32))  # None: the values made no valid config
+    params: Mapped[dict[str, Any]]  # path -> suggested value
+    state: Mapped[str] = mapped_column(String(16), default="running")  # running | complete | failed
+    value: Mapped[float | None] = mapped_column(Float)  # what Optuna was told: the seed mean of the metric
+    seeds: Mapped[int | None] = mapped_column(Integer)  # how many seeds that mean is over
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    told_at: Mapped[datetime | None]
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30})

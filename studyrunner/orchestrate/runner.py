@@ -26,7 +26,7 @@ from ..store import STATUSES, CurveStore, Ledger
 from ..store.ledger import STALE_AFTER_S, SUBMIT_RUNS
 from ..store.ledger import probe as probe_ledger
 from ..workspace import Workspace, checkpoint_location
-from .capacity import check_cluster_fits, trial_resources
+from .capacity import check_cluster_fits, concurrent_runs, trial_resources
 from .driver_callback import CancelStopper
 from .faults import driver_kills, fault_injected, injections_for
 from .progress import ProgressDisplay
@@ -422,6 +422,11 @@ def _payloads(study, to_run, workspace: Workspace) -> list[dict]:
         }
         for t in to_run
     ]
+    for trial, payload in zip(to_run, single, strict=True):
+        if trial.config["train"].get("engine") == "deepspeed":
+            from .distributed import distributed_payload
+
+            payload.update(distributed_payload(study.resources, workspace.ray_storage()))
     payloads, groups = [], {}
     for trial, payload in zip(to_run, single, strict=True):
         if trial.config["train"].get("vectorize_seeds") and not payload["inject_fault"]:
@@ -451,12 +456,18 @@ def _fit(study, to_run, recorder: Recorder, workspace: Workspace, options: RunOp
     progress = ProgressDisplay({t.trial_key: t.config["train"]["steps"] for t in to_run}, console=console)
     callbacks = [recorder, progress] if options.show_progress else [recorder]
     retries = study.retries if options.max_failures is None else options.max_failures
+    payloads = _payloads(study, to_run, workspace)
+    distributed = any(p.get("workers") for p in payloads)
+    if distributed:  # a DeepSpeed trial's Tune trial reserves little: its Train workers reserve the rest
+        resources = lambda config: tune.PlacementGroupFactory([trial_resources(study.resources, config["trial"])])  # noqa: E731
+    else:
+        resources = trial_resources(study.resources)
     tuner = tune.Tuner(
-        tune.with_resources(trainable, trial_resources(study.resources)),
-        param_space={"trial": tune.grid_search(_payloads(study, to_run, workspace))},
+        tune.with_resources(trainable, resources),
+        param_space={"trial": tune.grid_search(payloads)},
         tune_config=tune.TuneConfig(
             reuse_actors=True,
-            max_concurrent_trials=options.max_concurrent,
+            max_concurrent_trials=options.max_concurrent or (concurrent_runs(study.resources) if distributed else None),
             trial_name_creator=lambda trial: trial.config["trial"]["trial_key"],
             trial_dirname_creator=lambda trial: trial.config["trial"]["trial_key"],
         ),

@@ -22,7 +22,7 @@ from ..tasks import get_task
 from .baselines import add_baselines
 from .errors import describe, spec_error
 from .feasibility import check_feasible
-from .knobs import knob_problem
+from .knobs import knob_problem, resources_problem
 from .schema import EvalSection, Study, TrainSection
 
 MAX_TRIALS = 1_000_000
@@ -258,6 +258,8 @@ def compile_study(study: Study) -> CompiledStudy:
     if not cells:
         raise spec_error(source, node, ("exclude",), "every cell is excluded; nothing would run")
     cells = _with_baselines(study, cells)
+    if problem := resources_problem(study.resources, [c.config["train"] for c in cells]):
+        raise spec_error(source, node, *problem)
 
     trials = [
         Trial(trial_key(study.name, c.cell_hash, s), study.name, c.cell_hash, s, c.config, c.label)

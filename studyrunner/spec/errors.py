@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import yaml
@@ -50,6 +51,9 @@ def _fields_at(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str]
         if model is None or not isinstance(part, str) or part not in model.model_fields:
             return None
         annotation = model.model_fields[part].annotation
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]  # Optional[Section]
+        if len(members) == 1:
+            annotation = members[0]
         model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
     return sorted(model.model_fields) if model is not None else None
 

@@ -14,7 +14,7 @@ from studyrunner.tasks import Batch, build_task
 from studyrunner.tasks.charlm import VOCAB, encoded_text, load_text
 from studyrunner.train import MemoryReporter, run_trial
 from studyrunner.train.decoding import decode, decoding_eval
-from studyrunner.train.trainer import task_loss
+from studyrunner.train.engine import task_loss
 
 MQAR = {"name": "mqar", "params": {"pairs": 4, "queries": 2, "keys": 16, "values": 16}}
 

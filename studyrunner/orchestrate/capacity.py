@@ -4,13 +4,56 @@ from __future__ import annotations
 
 from ..errors import StudyrunnerError
 
+# What the Tune trial of a DeepSpeed trial reserves: it only drives a Ray Train run (orchestrate/distributed.py)
+# whose resources.workers workers reserve resources.cpu, gpu and memory_gb each.
+DRIVER_CPU = 0.1
 
-def trial_resources(resources) -> dict[str, float]:
-    """Ray resource request of one trial, from the study file's `resources:`."""
+
+def trial_resources(resources, payload: dict | None = None) -> dict[str, float]:
+    """Ray resource request of one Tune trial, from the study file's `resources:`; a DeepSpeed trial's (its
+    payload names `workers`) is its Train driver's, as a placement-group bundle."""
+    if payload is not None:
+        if payload.get("workers"):
+            return {"CPU": DRIVER_CPU}
+        plain = trial_resources(resources)
+        return {"CPU": plain["cpu"], "GPU": plain["gpu"], "memory": plain.get("memory", 0)}
     request = {"cpu": resources.cpu, "gpu": resources.gpu}
     if resources.memory_gb:
         request["memory"] = resources.memory_gb * 1024**3
     return request
+
+
+def _worker_request(resources) -> dict[str, float]:
+    return {"CPU": resources.cpu, "GPU": resources.gpu, "memory": (resources.memory_gb or 0) * 1024**3}
+
+
+def concurrent_runs(resources, cluster: dict | None = None) -> int:
+    """How many DeepSpeed trials to keep in flight: as many whole runs as the cluster's resources hold (at
+    least 1). More would only start Train drivers that wait for workers (Ray's Train-in-Tune guide)."""
+    if cluster is None:
+        import ray
+
+        cluster = ray.cluster_resources()
+    per_run = {k: v * resources.workers for k, v in _worker_request(resources).items() if v}
+    per_run["CPU"] = per_run.get("CPU", 0) + DRIVER_CPU
+    return max(1, int(min(cluster.get(k, 0) // v for k, v in per_run.items())))
+
+
+def _workers_fit(resources, alive: list[dict]) -> bool:
+    """Can the driver and every worker of one DeepSpeed trial be placed at once (on some node for the
+    driver, the workers packed into what is left)?"""
+    wanted = {k: v for k, v in _worker_request(resources).items() if v}
+
+    def slots(have: dict) -> int:
+        return int(min(have.get(k, 0) // v for k, v in wanted.items()))
+
+    for i, host in enumerate(alive):
+        if host.get("CPU", 0) < DRIVER_CPU:
+            continue
+        left = [dict(n, CPU=n.get("CPU", 0) - DRIVER_CPU) if j == i else n for j, n in enumerate(alive)]
+        if sum(slots(n) for n in left) >= resources.workers:
+            return True
+    return False
 
 
 def check_cluster_fits(resources, nodes: list[dict] | None = None) -> None:
@@ -22,6 +65,16 @@ def check_cluster_fits(resources, nodes: list[dict] | None = None) -> None:
     wanted = {"CPU": resources.cpu, "GPU": resources.gpu, "memory": (resources.memory_gb or 0) * 1024**3}
     alive = [n.get("Resources", {}) for n in nodes if n.get("Alive", True)]
     if any(all(have.get(k, 0) >= v for k, v in wanted.items() if v) for have in alive):
+        if resources.workers and not _workers_fit(resources, alive):
+            total = sum(n.get("CPU", 0) for n in alive)
+            raise StudyrunnerError(
+                f"a DeepSpeed trial needs {resources.workers} workers of {resources.cpu:g} CPU"
+                + (f", {resources.gpu:g} GPU" if resources.gpu else "")
+                + (f", {resources.memory_gb:g} GB" if resources.memory_gb else "")
+                + f" each (resources.workers, resources.cpu, ...) and {DRIVER_CPU:g} CPU to drive them at once; "
+                f"the Ray cluster ({total:g} CPU in all) cannot place them: lower resources.workers or "
+                "resources.cpu, or add nodes"
+            )
         return
     fields = {
         "CPU": ("resources.cpu", "CPU", 1),

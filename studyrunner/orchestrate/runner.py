@@ -26,7 +26,7 @@ from ..store import STATUSES, CurveStore, Ledger
 from ..store.ledger import STALE_AFTER_S, SUBMIT_RUNS
 from ..store.ledger import probe as probe_ledger
 from ..workspace import Workspace, checkpoint_location
-from .capacity import check_cluster_fits, trial_resources, trials_at_once
+from .capacity import check_cluster_fits, concurrent_runs, trial_resources, trials_at_once
 from .driver_callback import CancelStopper
 from .faults import driver_kills, fault_injected, injections_for
 from .progress import ProgressDisplay
@@ -476,6 +476,10 @@ def _payloads(study, to_run, workspace: Workspace, teachers: dict | None = None)
     for trial, payload in zip(to_run, single, strict=True):
         if (key := teacher_key(trial.config)) is not None:
             payload["teacher"] = (teachers or {})[key]
+        if trial.config["train"].get("engine") == "deepspeed":
+            from .distributed import distributed_payload
+
+            payload.update(distributed_payload(study.resources, workspace.ray_storage()))
     payloads, groups = [], {}
     for trial, payload in zip(to_run, single, strict=True):
         if trial.config["train"].get("vectorize_seeds") and not payload["inject_fault"]:
@@ -516,6 +520,11 @@ def _fit(
     progress = ProgressDisplay({t.trial_key: t.config["train"]["steps"] for t in to_run}, console=console)
     callbacks = [recorder, progress] if options.show_progress else [recorder]
     retries = study.retries if options.max_failures is None else options.max_failures
+    distributed = study.resources.workers is not None
+    if distributed:  # a DeepSpeed trial's Tune trial reserves little: its Train workers reserve the rest
+        resources = lambda config: tune.PlacementGroupFactory([trial_resources(study.resources, config["trial"])])  # noqa: E731
+    else:
+        resources = trial_resources(study.resources)
     if search is None:
         trials = {"param_space": {"trial": tune.grid_search(_payloads(study, to_run, workspace, teachers))}}
     else:
@@ -529,9 +538,10 @@ def _fit(
         # Tune starts one trial of a searcher's at a time unless told how many may run: a configuration's seeds
         # would run one after another.
         trials["max_concurrent_trials"] = options.max_concurrent or trials_at_once(study.resources)
-    trials.setdefault("max_concurrent_trials", options.max_concurrent)
+    concurrent = options.max_concurrent or (concurrent_runs(study.resources) if distributed else None)
+    trials.setdefault("max_concurrent_trials", concurrent)
     tuner = tune.Tuner(
-        tune.with_resources(trainable, trial_resources(study.resources)),
+        tune.with_resources(trainable, resources),
         param_space=trials.pop("param_space", None),
         tune_config=tune.TuneConfig(
             **trials,

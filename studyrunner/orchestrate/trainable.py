@@ -386,8 +386,13 @@ def run_group_attempt(group: dict[str, Any], report: Report, *, device: str | No
 
 def trainable(config: dict[str, Any]) -> None:
     # payload: {trial_key, seed, cell, threads, checkpoint_dir, divergence, heartbeat_s, inject, inject_fault}
+    # (+ workers, run_storage for a DeepSpeed trial)
     payload = config["trial"]
     if "group" in payload:
         run_group_attempt(payload, tune.report, device=assigned_device())
+    elif payload.get("workers"):  # train.engine: deepspeed: this trial drives a Ray Train run (distributed.py)
+        from .distributed import run_distributed_attempt
+
+        run_distributed_attempt(payload, tune.report)
     else:
         run_attempt(payload, tune.report, device=assigned_device(), background=True)

@@ -23,7 +23,7 @@ from ..tasks import get_task
 from .baselines import add_baselines
 from .errors import describe, dotted, spec_error
 from .feasibility import check_feasible
-from .knobs import knob_problem
+from .knobs import knob_problem, resources_problem
 from .schema import EvalSection, Study, TrainSection
 
 MAX_TRIALS = 1_000_000
@@ -284,6 +284,8 @@ def compile_study(study: Study) -> CompiledStudy:
     if study.search is not None:
         return _compile_search(study, cells, warnings)
     cells = _with_baselines(study, cells)
+    if problem := resources_problem(study.resources, [c.config["train"] for c in cells]):
+        raise spec_error(source, node, *problem)
 
     trials = [
         Trial(trial_key(study.name, c.cell_hash, s), study.name, c.cell_hash, s, c.config, c.label)

@@ -29,6 +29,10 @@ def knob_problem(family: FamilyEntry, resolved: dict[str, Any]) -> tuple[tuple, 
                     f"weights the {term!r} term, which model family {family.name!r} does not produce "
                     f"with these params{how}",
                 )
+    if resolved["train"].get("engine") == "deepspeed" and (problem := _deepspeed_problem(family, params, resolved)):
+        return problem
+    if resolved["train"].get("deepspeed") is not None and resolved["train"].get("engine") != "deepspeed":
+        return ("train", "deepspeed"), "is set but train.engine is not deepspeed; set train.engine: deepspeed"
     if resolved["train"].get("vectorize_seeds"):
         from ..train.vectorized import check_vectorizable
 
@@ -71,3 +75,63 @@ def _trajectory_problem(family: FamilyEntry, params: Any, resolved: dict[str, An
         return loc, f"model family {family.name!r} takes no trajectories (family loopformer does)"
     depths = [*(resolved["eval"].get("budgets") or []), *(resolved["eval"].get("loops") or [])]
     return check(train, ev, depths)
+
+
+def _deepspeed_problem(family: FamilyEntry, params: Any, resolved: dict[str, Any]) -> tuple[tuple, str] | None:
+    """What `train.engine: deepspeed` cannot train: auxiliary losses (a halting model's depth depends on its
+    data, so ZeRO-3's per-layer gathers would differ between workers; the looping regulariser reads
+    weights outside their layer's forward, where ZeRO-3 has them partitioned), gradient-norm diagnostics
+    (ZeRO 2 and 3 partition the gradients), and the plain loop's own speed-ups."""
+    where = ("train", "engine")
+    train = resolved["train"]
+    terms = sorted(params.aux_terms()) if hasattr(params, "aux_terms") else []
+    if terms:
+        what = "halting (its depth depends on the data)" if "ponder" in terms else "an auxiliary loss"
+        return where, (
+            f"deepspeed does not train models with auxiliary losses; model family {family.name!r} with these "
+            f"params adds {', '.join(map(repr, terms))}: {what}"
+        )
+    groups = sorted(params.grad_norm_groups()) if hasattr(params, "grad_norm_groups") else []
+    if groups:
+        return where, (
+            f"deepspeed partitions gradients, so it cannot record the gradient norms model family "
+            f"{family.name!r} watches ({', '.join(groups)})"
+        )
+    if train.get("vectorize_seeds"):
+        return ("train", "vectorize_seeds"), "cannot be combined with train.engine: deepspeed (one trial, many workers)"
+    if (train.get("compile") or "none") != "none":
+        return ("train", "compile"), f"{train['compile']!r} cannot be combined with train.engine: deepspeed; unset it"
+    if train.get("precision") == "bf16":
+        return ("train", "precision"), (
+            "bf16 is not supported with train.engine: deepspeed (its autocast would not match DeepSpeed's own "
+            "bf16 mode); use fp32 or tf32"
+        )
+    return None
+
+
+def resources_problem(resources: Any, trains: list[dict[str, Any]]) -> tuple[tuple, str] | None:
+    """Study-wide: `resources.workers` and the cells' engines must agree, and every DeepSpeed cell's global
+    batch must split evenly over the workers' micro-batches."""
+    deepspeed = [t for t in trains if t.get("engine") == "deepspeed"]
+    workers = resources.workers
+    if deepspeed and workers is None:
+        return ("resources",), (
+            "train.engine: deepspeed trains each trial on resources.workers data-parallel workers; "
+            "set resources.workers (1 or more)"
+        )
+    if workers is not None and not deepspeed:
+        return ("resources", "workers"), (
+            "only train.engine: deepspeed trials run on several workers, and no cell of this study sets it"
+        )
+    if deepspeed and resources.gpu not in (0, 1):
+        return ("resources", "gpu"), (
+            f"a DeepSpeed worker trains on one whole GPU or none: 0 or 1 (per worker), got {resources.gpu:g}"
+        )
+    for train in deepspeed:
+        accumulation = train["deepspeed"]["gradient_accumulation_steps"]
+        if train["batch_size"] % (workers * accumulation):
+            return ("train", "batch_size"), (
+                f"{train['batch_size']} does not split over resources.workers ({workers}) x "
+                f"train.deepspeed.gradient_accumulation_steps ({accumulation}) equal micro-batches"
+            )
+    return None

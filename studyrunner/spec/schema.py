@@ -68,6 +68,61 @@ def _schedule(evaluation: bool):
 
 
 _RUNTIME_KNOBS = frozenset({"device", "precision", "compile"})
+_ENGINE_KNOBS = frozenset({"engine", "deepspeed"})
+_STAGE_KNOBS = {  # DeepSpeed knobs that mean something at some ZeRO stages only
+    "allgather_bucket_size": (1, 2),
+    "stage3_prefetch_bucket_size": (3,),
+    "stage3_param_persistence_threshold": (3,),
+}
+
+
+class DeepSpeedSection(Strict):
+    """`train.deepspeed`: how a `train.engine: deepspeed` trial is partitioned over its workers. A few of
+    DeepSpeed's `zero_optimization` knobs, passed through as given; unset ones keep DeepSpeed's defaults
+    and stay out of the resolved config."""
+
+    zero_stage: Literal[1, 2, 3] = Field(
+        1,
+        description="ZeRO stage: 1 partitions the optimizer state over the workers, 2 also the gradients, "
+        "3 also the parameters (gathered layer by layer for each forward and backward).",
+    )
+    gradient_accumulation_steps: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Micro-batches per worker per optimizer step; train.batch_size stays the global batch "
+        "(it must divide by resources.workers x this).",
+    )
+    overlap_comm: bool | None = Field(None, description="Overlap gradient reduction with the backward pass.")
+    contiguous_gradients: bool | None = Field(None, description="Copy gradients into one buffer as produced.")
+    reduce_bucket_size: int | None = Field(
+        None, ge=1, le=2**40, description="Elements reduced at a time (DeepSpeed's default: 5e8)."
+    )
+    allgather_bucket_size: int | None = Field(
+        None, ge=1, le=2**40, description="ZeRO 1 and 2: elements all-gathered at a time after a step."
+    )
+    stage3_prefetch_bucket_size: int | None = Field(
+        None, ge=0, le=2**40, description="ZeRO 3: parameter elements fetched ahead of their use."
+    )
+    stage3_param_persistence_threshold: int | None = Field(
+        None, ge=0, le=2**40, description="ZeRO 3: parameters smaller than this stay whole on every worker."
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_knobs(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _omit_unset(
+            handler(self), frozenset(type(self).model_fields) - {"zero_stage", "gradient_accumulation_steps"}
+        )
+
+    @model_validator(mode="after")
+    def _knobs_of_this_stage(self) -> DeepSpeedSection:
+        for name, stages in _STAGE_KNOBS.items():
+            if getattr(self, name) is not None and self.zero_stage not in stages:
+                raise ValueError(
+                    f"{name} applies to ZeRO stage {' and '.join(map(str, stages))} only; zero_stage is "
+                    f"{self.zero_stage}"
+                )
+        return self
 
 
 class TrainSection(Strict):
@@ -159,6 +214,14 @@ class TrainSection(Strict):
         description="none (unset): eager; default: torch.compile of the model for training steps; "
         "reduce_overhead: the same with CUDA graphs on a GPU.",
     )
+    engine: Literal["plain", "deepspeed"] | None = Field(
+        None,
+        description="plain (unset): one process trains the trial; deepspeed: resources.workers processes "
+        "train it data-parallel with DeepSpeed ZeRO (train.deepspeed), as a Ray Train run inside the trial.",
+    )
+    deepspeed: DeepSpeedSection | None = Field(
+        None, description="DeepSpeed settings of a train.engine: deepspeed trial (unset: zero_stage 1)."
+    )
     vectorize_seeds: bool | None = Field(
         None,
         description="Seeds of a cell trained together in one process, as one batched model "
@@ -169,8 +232,17 @@ class TrainSection(Strict):
 
     @model_serializer(mode="wrap")
     def _omit_unset_knobs(self, handler: SerializerFunctionWrapHandler) -> Any:
-        omitted = _AUX_WEIGHT_KNOBS | _EXIT_AND_DISTILL_KNOBS | _RUNTIME_KNOBS
+        omitted = _AUX_WEIGHT_KNOBS | _EXIT_AND_DISTILL_KNOBS | _RUNTIME_KNOBS | _ENGINE_KNOBS
         return _omit_unset(handler(self), omitted | {"checkpoint_every", "vectorize_seeds", "trajectory"})
+
+    @model_validator(mode="after")
+    def _engine_settings(self) -> TrainSection:
+        # `plain` is the default spelled out: it resolves to unset, so it keeps the cells' hashes.
+        if self.engine == "plain":
+            self.engine = None
+        if self.engine == "deepspeed" and self.deepspeed is None:
+            self.deepspeed = DeepSpeedSection()
+        return self  # train.deepspeed without the engine: rejected with the cell (spec/knobs.py)
 
     @field_validator("betas")
     @classmethod
@@ -243,6 +315,17 @@ class Resources(Strict):
     memory_gb: float | None = Field(
         None, gt=0, description="Memory reserved per trial (Ray scheduling); unset reserves none."
     )
+    workers: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="Data-parallel workers of each train.engine: deepspeed trial (a Ray Train run); cpu, gpu "
+        "and memory_gb are then per worker. Unset: one process per trial (the plain engine).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_knobs(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _omit_unset(handler(self), frozenset({"workers"}))
 
 
 class MetricSpec(Strict):

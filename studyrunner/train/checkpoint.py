@@ -1,6 +1,7 @@
 """Trial checkpoints: everything a trial needs to continue bit-exactly, written atomically, checked on read.
 
-What one checkpoint holds (`run_trial` assembles it; see `trainer._capture`):
+What one checkpoint of a plain trial holds (`run_trial` assembles it; see `engine.capture_state`; a DeepSpeed
+trial's holds its workers' DeepSpeed files instead of `model`/`optimizer`/`rng`: deepspeed_engine.py):
 - `model`, `optimizer`: their state dicts (AdamW moments and step counts);
 - `progress`: the step (= the data position: train batches are a function of (task params, seed,
   step)), the open train window, run totals and the latest value of every reported metric, so final

@@ -59,6 +59,13 @@ def send_tick(reporter: Reporter, step: int) -> None:
     _call(reporter, "tick", step)
 
 
+class SilentReporter:
+    """Drops everything: what the workers of a distributed trial other than its leader report to."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+
 class MemoryReporter:
     """Keeps every record (and note) in memory: for tests, benchmarks and notebooks."""
 

@@ -23,31 +23,31 @@ then moved; eval sets are generated once and kept on the device; each train batc
 the CPU and copied, ahead of its step in a background thread where that pays (prefetch.py: on CUDA).
 How the trial computed is sent once per attempt, before any record, to the reporter's optional
 `facts` (device name, precision, compile mode, torch.backends switches).
+
+What computes each optimizer step and checkpoint is the trial's engine (engine.py, `train.engine`):
+the plain loop in this process, or DeepSpeed, where every data-parallel worker runs this same
+`run_trial` and only the leader (rank 0) reports; stopping is agreed between workers.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ..models import build_model, count_params
-from ..models.output import AUX_TERMS, ModelOutput
 from ..tasks import Batch, Task, build_task
 from .checkpoint import (
-    CheckpointMismatch,
     Checkpoints,
     CheckpointStorage,
-    capture_rng,
     final_weights,
     open_storage,
-    restore_rng,
 )
 from .device import Runtime
+from .engine import Engine, PlainEngine, make_engine, train_step
+from .engine import capture_state as _capture  # noqa: F401 - benchmarks/utilisation.py times it
 from .evaluation import EVAL_CHUNK, evaluate, evaluate_and_record
 from .optim import lr_at, make_optimizer
 from .outcomes import Diverged
@@ -56,6 +56,7 @@ from .progress import Progress
 from .reporter import (
     MemoryReporter,
     Reporter,
+    SilentReporter,
     send_checkpointed,
     send_facts,
     send_note,
@@ -63,7 +64,6 @@ from .reporter import (
     send_start,
     send_tick,
 )
-from .schedules import aux_weights
 
 __all__ = [
     "EVAL_CHUNK",
@@ -74,6 +74,7 @@ __all__ = [
     "evaluate",
     "run_trial",
     "summary_metrics",
+    "train_step",
 ]
 
 # halt_collapsed = 1 when the final mean halting depth is below this fraction of the loops (the
@@ -116,9 +117,11 @@ def run_trial(
     reporter = reporter or MemoryReporter()
     trial = build_trial(config, seed, device, teacher)
     trial.nan_at = nan_at
-    send_facts(reporter, trial.runtime.facts())
+    if not trial.engine.leader:  # another worker of a distributed trial reports for it
+        reporter = SilentReporter()
+    send_facts(reporter, {**trial.runtime.facts(), **trial.engine.facts()})
     store = _open_checkpoints(checkpoints, config, seed, reporter)
-    progress = _resume(store, trial) if store is not None else Progress()
+    progress = trial.engine.resume(store, trial) if store is not None else Progress()
     send_start(reporter, progress.step)
     if progress.step > 0:
         send_replay(reporter, progress.records)
@@ -136,26 +139,32 @@ def run_trial(
 
 def _train(trial: TrialSetup, progress: Progress, store: Checkpoints | None, reporter: Reporter) -> None:
     if progress.step == 0:
-        _log(reporter, progress, 0, dict(trial.static))
+        _log(trial, reporter, progress, 0, dict(trial.static))
     trial.model.train()
     while progress.step < trial.steps:
-        lr, tokens = train_step(trial, progress)
+        lr, tokens = trial.engine.step(trial, progress)
         done = progress.step
         record = progress.window.record(lr, tokens) if trial.record_due(done) else {}
         with trial.runtime.autocast():
             record.update(evaluate_and_record(trial.model, trial.task, trial.splits, done, trial.steps, trial.ev))
         if record:
             progress.last.update(record)
-            _log(reporter, progress, done, record)
+            _log(trial, reporter, progress, done, record)
         if store is not None and store.due(done):  # after the record: it is never lost, at worst resent
-            store.save(done, _capture(trial, progress))
+            trial.engine.save(store, trial, progress)
             send_checkpointed(reporter, done)
         send_tick(reporter, done)
 
 
-def _log(reporter: Reporter, progress: Progress, step: int, record: dict[str, float]) -> None:
+def _log(trial: TrialSetup, reporter: Reporter, progress: Progress, step: int, record: dict[str, float]) -> None:
     progress.records.append({"step": step, **record})  # before `log`, which may raise Diverged
-    reporter.log(step, record)
+    try:
+        reporter.log(step, record)
+    except Diverged:
+        trial.engine.agree(True)
+        raise
+    if trial.engine.agree(False):  # the reporting worker's divergence rule held: every worker stops
+        raise Diverged(step, f"the divergence rule held at step {step} (on the reporting worker)")
 
 
 @dataclass
@@ -175,6 +184,7 @@ class TrialSetup:
     step_model: torch.nn.Module
     nan_at: int | None = None  # testing hook: the step whose loss is made NaN (see run_trial)
     batches: Prefetcher | None = None  # train batches made ahead, while one runs (prefetch.py)
+    engine: Engine = field(default_factory=PlainEngine)  # what computes steps and checkpoints (engine.py)
 
     @property
     def steps(self) -> int:
@@ -236,52 +246,9 @@ def build_trial(
     }
     grad_groups = model.grad_norm_groups() if hasattr(model, "grad_norm_groups") else {}
     step_model = runtime.compiled(model)
-    return TrialSetup(train, ev, task, model, optimizer, splits, static, grad_groups, runtime, step_model)
-
-
-def train_step(trial: TrialSetup, progress: Progress) -> tuple[float, int]:
-    """One optimizer step on the batch of `progress.step`; returns its learning rate and token count."""
-    started = time.perf_counter()
-    step, model, optimizer = progress.step, trial.model, trial.optimizer
-    lr = trial.lr(step)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    batch = trial.batch(step)
-    if hasattr(model, "set_train_step"):  # step-dependent model state (MELT's interpolation alpha)
-        model.set_train_step(step)
-    trial.runtime.step_begin()
-    with trial.runtime.autocast():
-        result = trial.step_model(batch.inputs)
-        loss = task_loss(trial.task, result, batch)
-        for name, logits in result.aux_logits.items():  # extra predictions, scored like the main one
-            result.aux[name] = trial.task.loss(logits, batch)
-        weights = aux_weights(step, trial.train, result.aux)
-        for name, term in result.aux.items():
-            loss = loss + weights[name] * term
-        if trial.nan_at == step + 1:
-            loss = loss * float("nan")
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    # before clipping: the gradient the loss asked for
-    grad_norms = {name: _grad_norm(params) for name, params in trial.grad_groups.items()}
-    if trial.train["grad_clip"] > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), trial.train["grad_clip"])
-    optimizer.step()
-    loss_value = loss.item()
-    if not math.isfinite(loss_value):  # the weights are now poisoned: nothing later is worth computing
-        raise Diverged(step + 1, f"train loss is {loss_value} at step {step + 1}")
-    elapsed = time.perf_counter() - started
-    tokens = batch.inputs.numel()
-    progress.window.add(loss_value, elapsed, result.aux, grad_norms, weights)
-    progress.add_step(elapsed, tokens)
-    return lr, tokens
-
-
-def task_loss(task: Task, result: ModelOutput, batch: Batch) -> torch.Tensor:
-    """The task loss of the model's output, or its expectation over the model's weighted exits."""
-    if not result.exits:
-        return task.loss(result.logits, batch)
-    return torch.stack([task.loss(logits, batch, weights=w) for logits, w in result.exits]).sum()
+    trial = TrialSetup(train, ev, task, model, optimizer, splits, static, grad_groups, runtime, step_model)
+    trial.engine = make_engine(trial)  # last: DeepSpeed takes over the model and optimizer built above
+    return trial
 
 
 def weights_bytes(model: torch.nn.Module) -> int:
@@ -313,13 +280,6 @@ def summary_metrics(trial: TrialSetup, progress: Progress) -> dict[str, float]:
     return final
 
 
-def _grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros(())
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-
-
 # ----------------------------------------------------------------------------------- checkpoints
 
 
@@ -335,45 +295,3 @@ def _open_checkpoints(
         every=config["train"].get("checkpoint_every"),
         notify=lambda message: send_note(reporter, message),
     )
-
-
-def _schedule(trial: TrialSetup, done: int) -> dict[str, Any]:
-    """The schedules' values at the last step taken (derived from the step; recorded as a check)."""
-    last = done - 1
-    return {"step": done, "lr": trial.lr(last), "aux_weights": aux_weights(last, trial.train, AUX_TERMS)}
-
-
-def _capture(trial: TrialSetup, progress: Progress) -> dict[str, Any]:
-    return {
-        "model": trial.model.state_dict(),
-        "optimizer": trial.optimizer.state_dict(),
-        "progress": progress.state_dict(),
-        "schedule": _schedule(trial, progress.step),
-        "rng": capture_rng(),
-    }
-
-
-def _same_schedule(saved: dict[str, Any], now: dict[str, Any]) -> bool:
-    """The schedule a checkpoint recorded is this code's: the step, lr and the weight of every aux term it
-    knew (terms added to AUX_TERMS since it was written are new knobs, not a change)."""
-    weights = now["aux_weights"]
-    same_weights = all(weights.get(term) == value for term, value in saved["aux_weights"].items())
-    return same_weights and {k: v for k, v in saved.items() if k != "aux_weights"} == {
-        k: v for k, v in now.items() if k != "aux_weights"
-    }
-
-
-def _resume(store: Checkpoints, trial: TrialSetup) -> Progress:
-    state = store.latest()
-    if state is None:
-        return Progress()
-    progress = Progress.from_state_dict(state["progress"])
-    if not _same_schedule(state["schedule"], _schedule(trial, progress.step)):
-        raise CheckpointMismatch(
-            f"checkpoint at step {progress.step} recorded schedule {state['schedule']}, but this code gives "
-            f"{_schedule(trial, progress.step)}: the schedule code changed since it was written"
-        )
-    trial.model.load_state_dict(state["model"])
-    trial.optimizer.load_state_dict(state["optimizer"])
-    restore_rng(state["rng"])  # last: building the trial drew from the generators
-    return progress

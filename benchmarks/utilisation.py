@@ -150,7 +150,7 @@ def recording_s(steps: int, repeats: int) -> list[float]:
         ws = Workspace.resolve(folder)
         ledger, tracker = _open_stores(ws)
         ledger.register(compiled)
-        experiment_id, parents = _open_tracking(compiled, compiled.trials, ledger, tracker, ws)
+        experiment_id, parents, _by_tag = _open_tracking(compiled, compiled.trials, ledger, tracker, ws)
         recorder = Recorder(compiled, ledger, tracker, CurveStore(ws.storage), experiment_id, parents)
         every = default_every(steps)
         metrics = {"train_loss": 1.0, "lr": 1e-3, "step_time_ms": 80.0, "tokens_per_sec": 27000.0}

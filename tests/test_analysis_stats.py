@@ -53,7 +53,7 @@ def test_igsm_loglinear_fit_matches_published_alpha_and_r2():
     assert f.params["alpha"] * math.log(2) == pytest.approx(16.37, abs=0.01)
     # one value per D: the interval comes from the Jacobian, and it contains the estimate
     lo, hi = f.param_ci["alpha"]
-    assert f.ci_method.startswith("asymptotic") and lo < f.params["alpha"] < hi
+    assert f.ci_method.startswith("OLS t") and lo < f.params["alpha"] < hi
     # the curve saturates, so leaving D=8 out over-predicts it: a negative extrapolation error
     assert f.extrapolation_error < -10
     assert len(f.residuals) == 4 and abs(f.residuals.sum()) < 1e-9
@@ -64,14 +64,16 @@ def test_information_criteria_prefer_the_true_form():
     noise = np.tile([-0.01, 0.0, 0.01], 6)
     loss = 2.0 + 3.0 * depth**-0.7 + noise
     ranked = fits.fit_forms(
-        pd.DataFrame({"depth": depth, "y": loss, "cell": depth}), ("loglinear", "power_floor"), strata="cell"
+        pd.DataFrame({"depth": depth, "y": loss, "cell": depth, "seed": np.tile([0, 1, 2], 6)}),
+        ("loglinear", "power_floor"),
+        strata="cell",
     )
     assert ranked[0].form == "power_floor"
     best = ranked[0]
     assert best.params["E"] == pytest.approx(2.0, abs=0.05)
     assert best.params["gamma"] == pytest.approx(0.7, abs=0.05)
     lo, hi = best.param_ci["gamma"]
-    assert best.ci_method.startswith("bootstrap") and lo <= 0.7 <= hi
+    assert best.ci_method.startswith("CR2 t by seed (3 seeds)") and lo <= 0.7 <= hi
     assert ranked[0].bic < ranked[1].bic and ranked[0].aic < ranked[1].aic
 
 
@@ -125,9 +127,15 @@ def test_describe_intervals_and_iqm():
     assert d["sd"] == pytest.approx(np.std(x, ddof=1))
     half = 2.364624251592785 * np.std(x, ddof=1) / math.sqrt(8)  # t(0.975, 7)
     assert (d["t_lo"], d["t_hi"]) == pytest.approx((np.mean(x) - half, np.mean(x) + half))
-    assert d["bca_lo"] < d["mean"] < d["bca_hi"]
-    # the IQM drops the outlying seed's influence: above the mean, inside its own interval
+    assert math.isnan(d["bca_lo"])  # 8 seeds: below MIN_BOOTSTRAP_SEEDS, no bootstrap interval
+    ten = stats.describe([*x, 0.59, 0.65])
+    assert ten["bca_lo"] < ten["mean"] < ten["bca_hi"]
+    # the IQM drops the outlying seed's influence: above the mean, inside its own (Yuen) interval, which
+    # uses the winsorised sd and h - 1 = 3 degrees of freedom
     assert d["iqm"] == pytest.approx(np.mean(sorted(x)[2:6]))
+    w = np.clip(x, sorted(x)[2], sorted(x)[5])
+    half = 3.182446305284263 * math.sqrt(7 * np.var(w, ddof=1) / (4 * 3))  # t(0.975, 3)
+    assert (d["iqm_lo"], d["iqm_hi"]) == pytest.approx((d["iqm"] - half, d["iqm"] + half))
     assert d["iqm"] > d["mean"] and d["iqm_lo"] <= d["iqm"] <= d["iqm_hi"]
     # too few seeds: NaN intervals, not errors
     one = stats.describe([0.5])

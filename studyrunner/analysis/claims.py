@@ -12,9 +12,10 @@ Tests per quantity:
 | quantity | against a number | against the same quantity |
 |---|---|---|
 | metric mean | t-interval of the mean | paired t over shared seeds (one cell a side, 2+ shared), else Welch |
-| median, iqm | bootstrap (stratified by cell) | bootstrap of the difference, each side stratified by cell |
+| iqm | Yuen's trimmed-mean t-interval | Yuen's two-sample trimmed t |
+| median | order-statistic interval (infinite below 6 seeds) | stratified bootstrap, from 10 seeds a side |
 | failure_rate | Wilson interval | Newcombe's interval of the difference (statsmodels), Fisher's exact p beside it |
-| slope | fit's interval (stratified bootstrap, or Jacobian with one seed per x) | bootstrap of the difference |
+| slope | the fit's CR2 t-interval by seed (`fits`; with two x values, the pairwise interval) | CR2 t of the interaction in one regression of both sides |
 
 A claim that names a field the study does not have, or selects no finished trial, is `invalid`.
 """
@@ -32,7 +33,19 @@ from ..errors import StudyrunnerError
 from ..spec.claims_grammar import Claim, GrammarError, Number, Quantity, parse_claim
 from . import fits
 from .data import StudyData
-from .stats import CONFIDENCE, N_RESAMPLES, SEED, bootstrap_draws, iqm, t_interval, wilson
+from .stats import (
+    CONFIDENCE,
+    MIN_BOOTSTRAP_SEEDS,
+    N_RESAMPLES,
+    SEED,
+    bootstrap_draws,
+    iqm,
+    median_interval,
+    t_interval,
+    wilson,
+    yuen_difference,
+    yuen_interval,
+)
 
 SUPPORTED, CONTRADICTED, INCONCLUSIVE, INVALID = "supported", "contradicted", "inconclusive", "invalid"
 
@@ -131,7 +144,8 @@ def _slope_fit(data: StudyData, q: Quantity, rows: pd.DataFrame):
         x = x - np.nanmin(x) + 1.0 if len(x) else x  # positive, as fits take it; the slope is unchanged
     elif np.any(x <= 0):
         raise _Invalid(f"ln {q.x} needs positive values")
-    f = fits.fit(x, y, "loglinear" if q.log_x else "linear", extrapolate=False)
+    seeds = ok["seed"].to_numpy()
+    f = fits.fit(x, y, "loglinear" if q.log_x else "linear", extrapolate=False, clusters=seeds)
     if f is None:
         raise _Invalid(f"slope needs successful seeds at 2+ distinct values of {q.x}")
     return f
@@ -171,7 +185,8 @@ def _evaluate(data: StudyData, claim: Claim) -> Verdict:
             f = _slope_fit(data, lhs, _rows(data, lhs))
             v.lhs = f.params["alpha"]
             lo, hi = f.param_ci.get("alpha", (math.nan, math.nan))
-            v.test = f"log-linear fit, {f.ci_method or 'no interval'}"
+            v.p = fits.param_test(f, "alpha", c)["p"]
+            v.test = f"{'log-' if lhs.log_x else ''}linear fit, {f.ci_method or 'no interval'}"
             v.detail = f"alpha={f.params['alpha']:.4g}, R2={f.r2:.3f}, n={f.n}"
         else:
             rows = _rows(data, lhs)
@@ -181,10 +196,12 @@ def _evaluate(data: StudyData, claim: Claim) -> Verdict:
             if lhs.kind == "mean":
                 lo, hi = t_interval(values)
                 v.test = "t-interval of the mean"
+            elif lhs.kind == "iqm":
+                lo, hi = yuen_interval(values)
+                v.test = "Yuen trimmed-mean t-interval of the IQM"
             else:
-                draws = _boot_draws(groups, lhs.kind, rng)
-                lo, hi = _percentile(draws) if draws is not None else (math.nan, math.nan)
-                v.test = f"bootstrap interval of the {lhs.kind} (stratified by cell)"
+                lo, hi = median_interval(values)
+                v.test = "order-statistic interval of the median (distribution-free; infinite below 6 seeds)"
             v.detail = f"n={len(values)} seeds in {len(groups)} cell(s)"
         v.estimate, v.lo, v.hi = v.lhs - c, lo - c, hi - c
         v.verdict = _decide(op, v.lo, v.hi)
@@ -208,19 +225,14 @@ def _evaluate(data: StudyData, claim: Claim) -> Verdict:
         fa, fb = _slope_fit(data, lhs, a_rows), _slope_fit(data, rhs, b_rows)
         v.lhs, v.rhs = fa.params["alpha"], fb.params["alpha"]
         v.estimate = v.lhs - v.rhs
-        v.test = "bootstrap of the slope difference"
-        if fa.boot is not None and fb.boot is not None:
-            m = min(len(fa.boot), len(fb.boot))
-            v.lo, v.hi = _percentile(fa.boot[:m, 0] - fb.boot[:m, 0])
-        else:  # one seed per x: the Jacobian intervals, combined as independent normal errors
-            (alo, ahi), (blo, bhi) = (
-                fa.param_ci.get("alpha", (math.nan,) * 2),
-                fb.param_ci.get("alpha", (math.nan,) * 2),
-            )
-            z = sps.norm.ppf(0.5 + CONFIDENCE / 2)
-            se = math.hypot((ahi - alo) / (2 * z), (bhi - blo) / (2 * z))
-            v.lo, v.hi = v.estimate - z * se, v.estimate + z * se
-            v.test = "normal interval of the slope difference (Jacobian errors)"
+        diff = fits.slope_difference(
+            (fa.x, fa.y, fa.clusters), (fb.x, fb.y, fb.clusters), log_x=lhs.log_x and rhs.log_x
+        )
+        if diff is not None:
+            v.lo, v.hi, v.p = diff["lo"], diff["hi"], diff["p"]
+            v.test = f"slope difference (interaction), {diff['method']}"
+        else:
+            v.test = "slope difference: no interval"
         v.detail = f"alpha {v.lhs:.4g} vs {v.rhs:.4g}; ratio {v.lhs / v.rhs:.3g}" if v.rhs else ""
     else:
         ga, gb = _values_by_cell(a_rows, lhs.metric), _values_by_cell(b_rows, rhs.metric)
@@ -243,12 +255,20 @@ def _evaluate(data: StudyData, claim: Claim) -> Verdict:
                 v.lo, v.hi = float(ci.low), float(ci.high)
             v.test = "Welch t-interval of the difference"
             v.detail = f"n={len(va)} vs {len(vb)} seeds in {len(ga)} vs {len(gb)} cell(s)"
-        else:
-            da, db = _boot_draws(ga, lhs.kind, rng), _boot_draws(gb, rhs.kind, rng)
-            if da is not None and db is not None:
-                v.lo, v.hi = _percentile(da - db)
-            v.test = "bootstrap of the difference (stratified by cell)"
+        elif lhs.kind == rhs.kind == "iqm":
+            v.lo, v.hi, v.p = yuen_difference(va, vb)
+            v.test = "Yuen trimmed t-interval of the IQM difference"
             v.detail = f"n={len(va)} vs {len(vb)} seeds"
+        else:  # medians, or mixed statistics: a stratified bootstrap, only where it holds its level
+            if min(len(va), len(vb)) >= MIN_BOOTSTRAP_SEEDS:
+                da, db = _boot_draws(ga, lhs.kind, rng), _boot_draws(gb, rhs.kind, rng)
+                if da is not None and db is not None:
+                    v.lo, v.hi = _percentile(da - db)
+            v.test = "bootstrap of the difference (stratified by cell)"
+            v.detail = f"n={len(va)} vs {len(vb)} seeds" + (
+                "" if min(len(va), len(vb)) >= MIN_BOOTSTRAP_SEEDS
+                else f"; no interval below {MIN_BOOTSTRAP_SEEDS} seeds a side (compare means or IQMs)"
+            )
     v.verdict = _decide(op, v.lo, v.hi)
     return v
 

@@ -109,7 +109,9 @@ def analyze(
     by: str | None = None,
     threshold: float | None = None,
     with_claims: bool = True,
+    ci: str | None = None,
 ) -> Analysis:
+    """`ci`: the fits' interval method (`fits.CI_METHODS`; default CR2 t by seed)."""
     metric = metric or data.metric
     out = Analysis(data, metric, stats_mod.cell_stats(data, metric))
     if data.done.empty:
@@ -118,19 +120,19 @@ def analyze(
     points = fits_mod.scaling_points(data, metric)
     if len(points) and points.depth.nunique() >= 2:
         # measured depths (halting) differ per seed: resample seeds within cells then
-        out.fits = fits_mod.fit_forms(points, forms, strata="cell_hash")
+        out.fits = fits_mod.fit_forms(points, forms, strata="cell_hash", ci=ci)
         by = by or ("baseline" if (data.trials.baseline != "").any() else None)
         if by is not None:
             column = by if by in points else data.column_for(by)
             groups = points.assign(_group=points[column].astype(str))
             if groups._group.nunique() > 1:
                 ref = "iso_flop" if column == "baseline" and (groups._group == "iso_flop").any() else None
-                out.groups = fits_mod.fit_groups(groups, "_group", ref=ref).rename(columns={"_group": by})
+                out.groups = fits_mod.fit_groups(groups, "_group", ref=ref, ci=ci).rename(columns={"_group": by})
                 out.group_by = by
     loops_points = fits_mod.scaling_points(data, metric, source="loops")
     if len(loops_points) and loops_points.depth.nunique() >= 2:
-        out.loops_fits = fits_mod.fit_forms(loops_points, forms, strata="depth")
-    out.gap = fits_mod.percent_gap(data, metric)
+        out.loops_fits = fits_mod.fit_forms(loops_points, forms, strata="depth", ci=ci)
+    out.gap = fits_mod.percent_gap(data, metric, ci=ci)
     out.paired = stats_mod.paired_comparisons(data, metric)
     out.time_to_solve = stats_mod.time_to_solve(data, metric, threshold)
     if len(out.time_to_solve):

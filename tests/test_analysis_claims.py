@@ -1,5 +1,7 @@
 """Declared claims and the failure rule: grammar, validation, and each claim type on a synthetic ledger."""
 
+import math
+
 import numpy as np
 import pytest
 from analysis_ledger import build, loglinear_outcome, study_text
@@ -232,3 +234,20 @@ def test_analysis_commands_on_a_missing_workspace_are_one_line_and_create_nothin
         result = runner.invoke(app, [*args, "--workspace", str(missing)])
         assert result.exit_code == 1 and "no results ledger" in result.output and "Traceback" not in result.output
     assert not missing.exists()
+
+
+@pytest.mark.parametrize("drop_seed", [None, 3])
+def test_a_slope_over_two_depths_agrees_with_the_pairwise_claim(drop_seed):
+    """Issue 14: the quickstart's slope claim was 'supported' while the same contrast as a pairwise claim
+    was 'inconclusive'. Over two depths the slope is the pairwise difference over ln 4, interval and all."""
+    from benchmarks.coverage import sample
+
+    frame = sample([1, 4], 4, np.random.default_rng(3))
+    if drop_seed is not None:  # a seed missing at one depth: both use the 3 shared seeds
+        frame = frame[~((frame.seed == drop_seed) & (frame.effective_depth == 4))]
+    data = data_mod.from_frame(frame, metric="y")
+    slope = claims_mod.evaluate(data, "slope(y ~ ln effective_depth) > 0")
+    pair = claims_mod.evaluate(data, "y[loops=4] > y[loops=1]")
+    assert "paired t" in slope.test and "paired t" in pair.test
+    assert (slope.lo * math.log(4), slope.hi * math.log(4)) == pytest.approx((pair.lo, pair.hi))
+    assert slope.verdict == pair.verdict

@@ -266,7 +266,8 @@ def _evaluate(data: StudyData, claim: Claim) -> Verdict:
                     v.lo, v.hi = _percentile(da - db)
             v.test = "bootstrap of the difference (stratified by cell)"
             v.detail = f"n={len(va)} vs {len(vb)} seeds" + (
-                "" if min(len(va), len(vb)) >= MIN_BOOTSTRAP_SEEDS
+                ""
+                if min(len(va), len(vb)) >= MIN_BOOTSTRAP_SEEDS
                 else f"; no interval below {MIN_BOOTSTRAP_SEEDS} seeds a side (compare means or IQMs)"
             )
     v.verdict = _decide(op, v.lo, v.hi)

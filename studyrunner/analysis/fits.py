@@ -320,7 +320,6 @@ def fit(
     return out
 
 
-
 def _bootstrap(out: Fit, f: Form, res, lx, strata, loss, f_scale, n_boot, confidence) -> None:
     """Percentile intervals from refits on seeds resampled within strata (the `bootstrap` option)."""
     x, y, k = out.x, out.y, len(f.params)
@@ -371,13 +370,13 @@ def _robust(out: Fit, f: Form, res, lx, clusters, confidence) -> None:
 
 def _two_point(x, y, clusters, confidence):
     """Two distinct x: the slope is (ȳ₂ − ȳ₁)/Δx; its interval is the pairwise comparison's (claims.py):
-    the paired t over seeds shared by both x (one point per seed and x, 2+ shared), else Welch."""
+    the paired t over the seeds both x share (one point per seed and x, 2+ shared), else Welch."""
     x1, x2 = np.unique(x)
     a = pd.Series(y[x == x1], index=np.asarray(clusters)[x == x1])
     b = pd.Series(y[x == x2], index=np.asarray(clusters)[x == x2])
     dx = x2 - x1
     shared = a.index.intersection(b.index)
-    if a.index.is_unique and b.index.is_unique and len(shared) >= 2 and len(shared) == len(a) == len(b):
+    if a.index.is_unique and b.index.is_unique and len(shared) >= 2:
         d = (b[shared] - a[shared]).to_numpy(float) / dx
         df, se, how = len(d) - 1, d.std(ddof=1) / math.sqrt(len(d)), "paired t over shared seeds"
         est = float(d.mean())
@@ -392,6 +391,7 @@ def _two_point(x, y, clusters, confidence):
         return None
     half = stats.t.ppf(0.5 + confidence / 2, df) * se
     return est - half, est + half, float(df), f"two depths: {how}"
+
 
 def _named(form: Form, theta: np.ndarray) -> dict[str, float]:
     if form.name == "power_floor":
@@ -571,7 +571,9 @@ def _ratio_interval(f: Fit, r: Fit, param: str) -> tuple[float, float]:
     return float(pf / pr * math.exp(-half)), float(pf / pr * math.exp(half))
 
 
-def percent_gap(data: StudyData, metric: str | None = None, ci: str | None = None, n_boot: int = N_BOOT) -> pd.DataFrame:
+def percent_gap(
+    data: StudyData, metric: str | None = None, ci: str | None = None, n_boot: int = N_BOOT
+) -> pd.DataFrame:
     """Seed 002's %Gap for every looped cell with iso-param and iso-FLOP baselines:
     100 · (looped − iso_param) / (iso_flop − iso_param), on cell means. Interval: the delta method with
     Welch-Satterthwaite degrees of freedom (every cell needs 2+ seeds), or with `ci="bootstrap"` the

@@ -15,7 +15,7 @@ Tests per quantity:
 | iqm | Yuen's trimmed-mean t-interval | Yuen's two-sample trimmed t |
 | median | order-statistic interval (infinite below 6 seeds) | stratified bootstrap, from 10 seeds a side |
 | failure_rate | Wilson interval | Newcombe's interval of the difference (statsmodels), Fisher's exact p beside it |
-| slope | the fit's CR2 t-interval by seed (`fits`; with two x values, the pairwise interval) | CR2 t of the interaction in one regression of both sides |
+| slope | the fit's CR2 t-interval by seed (`fits`; two x values: the pairwise one) | CR2 t of the interaction |
 
 A claim that names a field the study does not have, or selects no finished trial, is `invalid`.
 """

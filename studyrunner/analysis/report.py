@@ -193,7 +193,7 @@ def _table(df: pd.DataFrame, columns: dict[str, str]) -> dict:
 def _cells_table(a: Analysis) -> dict:
     c = a.cells
     head = [
-        "cell", "baseline", "D", "n", "mean ± sd", "95% t", "95% BCa", "median", "IQM [95%]", "min", "max",
+        "cell", "baseline", "D", "n", "mean ± sd", "95% t", "95% BCa (10+ seeds)", "median", "IQM [95% Yuen]", "min", "max",
         "failed", "failure rate [Wilson 95%]", "mean | success", "bimodal", "missing",
     ]  # fmt: skip
     rows = []
@@ -290,8 +290,8 @@ def render(a: Analysis, ui: str | None = None) -> str:
                 "diff_b_minus_a": "b − a",
                 "t_lo": "t lo",
                 "t_hi": "t hi",
-                "boot_lo": "boot lo",
-                "boot_hi": "boot hi",
+                "boot_lo": "BCa lo (10+ pairs)",
+                "boot_hi": "BCa hi (10+ pairs)",
                 "p_b_better": "P(b better)",
             },
         )  # fmt: skip

@@ -95,6 +95,7 @@ GAP_COLUMNS = {
     "gap_pct": "%Gap",
     "gap_lo": "lo",
     "gap_hi": "hi",
+    "ci": "interval",
 }
 
 

@@ -306,11 +306,17 @@ def rerun(
     from .orchestrate import rerun as run
 
     try:
-        seed_list = tuple(int(x) for x in seeds.split(",") if x.strip()) if seeds else ()
+        seed_list = tuple(int(x) for x in seeds.split(",") if x.strip()) if seeds is not None else ()
     except ValueError:
         raise typer.BadParameter(
             f"{seeds!r}: seeds are integers separated by commas, e.g. 0,2", param_hint="--seeds"
         ) from None
+    if seeds is not None and not seed_list:  # `--seeds ""` is a mistake, not "every seed"
+        raise StudyrunnerError(
+            f"--seeds {seeds!r} names no seed; give integers separated by commas (e.g. 0,2), or leave --seeds out"
+        )
+    if any(not c.strip() for c in cell or ()):  # an empty prefix would match every cell
+        raise StudyrunnerError("--cell '' names no cell; give a cell hash or its prefix, or leave --cell out")
     select = RerunSelection(failed, diverged, missing, stale, cancelled, seed_list, tuple(cell or ()), fresh)
     ws = _workspace(workspace, db, tracking_uri, storage)
     options = _options(address, max_concurrent, max_failures, progress, stale_after)

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_LENGTH = 1000  # characters per claim or rule
+MAX_DEPTH = 50  # nested parentheses and `not`s in a rule (the parser recurses; Python's stack does not)
 
 FUNCTIONS = ("mean", "median", "iqm", "slope")
 CLAIM_OPS = ("<", ">", "<=", ">=")
@@ -383,15 +384,31 @@ class _RuleParser(_Parser):
             args.append(self.not_())
         return args[0] if len(args) == 1 else BoolOp("and", tuple(args))
 
+    depth = 0
+
+    def nested(self, tok: Token) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise GrammarError(
+                f"nested more than {MAX_DEPTH} deep (parentheses and `not`s); write it flatter", tok.pos, self.text
+            )
+
     def not_(self):
+        tok = self.tok
         if self.take("name", "not"):
-            return Not(self.not_())
+            self.nested(tok)
+            inner = Not(self.not_())
+            self.depth -= 1
+            return inner
         return self.atom()
 
     def atom(self):
+        tok = self.tok
         if self.take("punct", "("):
+            self.nested(tok)
             inner = self.or_()
             self.expect("punct", ")", "')'")
+            self.depth -= 1
             return inner
         tok = self.tok
         if tok.kind != "name" or tok.text in KEYWORDS:

@@ -282,7 +282,7 @@ def _evaluate(data: StudyData, claim: Claim) -> Verdict:
             if lhs.kind == "mean":
                 lo, hi = t_interval(values)
                 v.test = "t-interval of the mean"
-                v.p = _ttest_p(lambda: sps.ttest_1samp(values, c), values)
+                v.p = _ttest_p(values, c)
             else:
                 draws = _boot_draws(groups, lhs.kind, rng)
                 lo, hi = _percentile(draws) if draws is not None else (math.nan, math.nan)
@@ -327,7 +327,7 @@ def _evaluate(data: StudyData, claim: Claim) -> Verdict:
             d = (shared.a - shared.b).to_numpy(float)
             v.lo, v.hi = t_interval(d)
             v.estimate = float(d.mean())
-            v.p = _ttest_p(lambda: sps.ttest_1samp(d, 0.0), d)
+            v.p = _ttest_p(d)
             v.seeds = (len(d), len(d))
             v.test = "paired t-interval over shared seeds"
             pi = float(sps.mannwhitneyu(shared.a, shared.b).statistic / len(shared) ** 2)
@@ -350,11 +350,16 @@ def _evaluate(data: StudyData, claim: Claim) -> Verdict:
     return v
 
 
-def _ttest_p(test, values: np.ndarray) -> float:
-    """The two-sided p of a t-test, NaN where its interval is undefined (fewer than 2 values or no spread)."""
-    if len(values) < 2 or np.ptp(values) == 0:
+def _ttest_p(values: np.ndarray, c: float = 0.0) -> float:
+    """The two-sided p of the one-sample t-test of mean(values) = c, matching `t_interval`: NaN for fewer
+    than 2 values; with no spread the interval is a point, so p is 0 unless the point is c (then 1)."""
+    values = np.asarray(values, float)
+    values = values[np.isfinite(values)]
+    if len(values) < 2:
         return math.nan
-    return float(test().pvalue)
+    if np.ptp(values) == 0:
+        return 1.0 if values[0] == c else 0.0
+    return float(sps.ttest_1samp(values, c).pvalue)
 
 
 def _one_sided(p_claimed: float, p_opposite: float) -> tuple[str, float]:

@@ -15,11 +15,11 @@ Tests per quantity:
 | metric mean | t-interval of the mean | paired t over shared seeds (one cell a side, 2+ shared), else Welch |
 | median, iqm | bootstrap (stratified by cell) | bootstrap of the difference, each side stratified by cell |
 | failure_rate | exact binomial test (Wilson interval shown) | exact McNemar, else Fisher's exact (Newcombe shown) |
+| slope | fit's interval (stratified bootstrap, or Jacobian with one seed per x) | bootstrap of the difference |
 
 Failure-rate tests are one-sided. McNemar (a binomial test on the seeds where exactly one side failed) is
 used when each side is one cell and both have the same seeds (same seed = same init and data); Fisher's
 exact test otherwise.
-| slope | fit's interval (stratified bootstrap, or Jacobian with one seed per x) | bootstrap of the difference |
 
 A failure-rate claim is **supported** when the one-sided p in the claimed direction is < 0.05,
 **contradicted** when the one-sided p in the opposite direction is < 0.05, else inconclusive; `p` is the

@@ -46,6 +46,7 @@ A claim that names a field the study does not have, or selects no trial at all, 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -359,7 +360,9 @@ def _ttest_p(values: np.ndarray, c: float = 0.0) -> float:
         return math.nan
     if np.ptp(values) == 0:
         return 1.0 if values[0] == c else 0.0
-    return float(sps.ttest_1samp(values, c).pvalue)
+    with warnings.catch_warnings():  # near-identical seeds: scipy warns of precision loss, p is still ~0
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(sps.ttest_1samp(values, c).pvalue)
 
 
 def _one_sided(p_claimed: float, p_opposite: float) -> tuple[str, float]:

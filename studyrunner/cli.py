@@ -306,11 +306,17 @@ def rerun(
     from .orchestrate import rerun as run
 
     try:
-        seed_list = tuple(int(x) for x in seeds.split(",") if x.strip()) if seeds else ()
+        seed_list = tuple(int(x) for x in seeds.split(",") if x.strip()) if seeds is not None else ()
     except ValueError:
         raise typer.BadParameter(
             f"{seeds!r}: seeds are integers separated by commas, e.g. 0,2", param_hint="--seeds"
         ) from None
+    if seeds is not None and not seed_list:  # `--seeds ""` is a mistake, not "every seed"
+        raise StudyrunnerError(
+            f"--seeds {seeds!r} names no seed; give integers separated by commas (e.g. 0,2), or leave --seeds out"
+        )
+    if any(not c.strip() for c in cell or ()):  # an empty prefix would match every cell
+        raise StudyrunnerError("--cell '' names no cell; give a cell hash or its prefix, or leave --cell out")
     select = RerunSelection(failed, diverged, missing, stale, cancelled, seed_list, tuple(cell or ()), fresh)
     ws = _workspace(workspace, db, tracking_uri, storage)
     options = _options(address, max_concurrent, max_failures, progress, stale_after)
@@ -652,28 +658,38 @@ def verify(
     format: Annotated[
         AnalysisFormat, typer.Option("--format", "-f", help="table, json or csv.")
     ] = AnalysisFormat.table,
+    holm: Annotated[
+        bool,
+        typer.Option(
+            "--holm",
+            help="Holm-adjust the claims' p-values (family-wise error over the study's claims); the adjusted p "
+            "and verdict show beside the raw ones, and the exit code follows the adjusted verdicts.",
+        ),
+    ] = False,
     db: DbOpt = None,
     workspace: WorkspaceOpt = None,
     storage: StorageOpt = None,
 ):
-    """Check the study's claims: supported, contradicted or inconclusive (exit 1 if one is contradicted)."""
+    """Check the study's claims: supported, contradicted, inconclusive, or pending while trials they select
+    are unfinished (exit 1 if a claim is contradicted or invalid; pending claims never fail)."""
     from .analysis import claims as analysis_claims
     from .analysis.present import verdicts_table, write_json
 
     loaded = _load_study(study, db, workspace, storage)
     if not loaded.claims:
         raise StudyrunnerError(f"study {loaded.name!r} declares no claims; add a `claims:` list to its study file")
-    verdicts = analysis_claims.verify(loaded)
-    table = analysis_claims.verdict_table(verdicts)
+    verdicts = analysis_claims.verify(loaded, holm=holm)
+    table = analysis_claims.verdict_table(verdicts, holm=holm)
     if format is AnalysisFormat.json:
         write_json(json.loads(table.to_json(orient="records")))
     elif format is AnalysisFormat.csv:
         sys.stdout.write(table.to_csv(index=False))
     else:
         if loaded.missing:
-            err.print(f"{loaded.missing} trials have not finished; verdicts use finished seeds", markup=False)
-        out.print(verdicts_table(verdicts))
-    if any(v.verdict in (analysis_claims.CONTRADICTED, analysis_claims.INVALID) for v in verdicts):
+            err.print(f"{loaded.missing} trials have not finished; claims that select them are pending", markup=False)
+        out.print(verdicts_table(verdicts, holm=holm))
+    final = [v.verdict_holm if holm else v.verdict for v in verdicts]
+    if any(f in (analysis_claims.CONTRADICTED, analysis_claims.INVALID) for f in final):
         raise typer.Exit(1)
 
 

@@ -40,6 +40,7 @@ _EXPORTS = {
     "evaluate": "claims",
     "verify": "claims",
     "verdict_table": "claims",
+    "adjust_holm": "claims",
     "analyze": "summary",
     "Analysis": "summary",
     "write_report": "report",

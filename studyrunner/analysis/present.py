@@ -10,11 +10,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .claims import CONTRADICTED, INCONCLUSIVE, INVALID, SUPPORTED, Verdict
+from .claims import CONTRADICTED, INCONCLUSIVE, INVALID, PENDING, SUPPORTED, Verdict
 from .search import best_points
 from .summary import GAP_COLUMNS, Analysis, fmt, interval
 
-STYLES = {SUPPORTED: "green", CONTRADICTED: "red", INCONCLUSIVE: "yellow", INVALID: "magenta"}
+STYLES = {SUPPORTED: "green", CONTRADICTED: "red", INCONCLUSIVE: "yellow", INVALID: "magenta", PENDING: "cyan"}
 
 
 def _table(title: str, columns: list[str]) -> Table:
@@ -78,9 +78,13 @@ def frame_table(title: str, df: pd.DataFrame, columns: dict[str, str]) -> Table:
     return table
 
 
-def verdicts_table(verdicts: list[Verdict]) -> Table:
-    table = _table("claims", ["claim", "verdict", "lhs", "rhs", "lhs − rhs", "95% interval", "test", "detail"])
+def verdicts_table(verdicts: list[Verdict], holm: bool = False) -> Table:
+    """The claims table; `holm`: the Holm-adjusted p and verdict beside the raw ones."""
+    columns = ["claim", "verdict", "lhs", "rhs", "lhs − rhs", "95% interval", "p"]
+    columns += ["p (Holm)", "verdict (Holm)"] if holm else []
+    table = _table("claims", [*columns, "test", "detail"])
     for v in verdicts:
+        adjusted = [fmt(v.p_holm), Text(v.verdict_holm, style=STYLES.get(v.verdict_holm, ""))] if holm else []
         _add_row(
             table,
             Text(v.claim),
@@ -89,6 +93,8 @@ def verdicts_table(verdicts: list[Verdict]) -> Table:
             fmt(v.rhs),
             fmt(v.estimate),
             interval(v.lo, v.hi),
+            fmt(v.p),
+            *adjusted,
             Text(v.test),
             Text(v.detail),
         )

@@ -193,8 +193,8 @@ def _table(df: pd.DataFrame, columns: dict[str, str]) -> dict:
 def _cells_table(a: Analysis) -> dict:
     c = a.cells
     head = [
-        "cell", "baseline", "D", "n", "mean ± sd", "95% t", "95% BCa (10+ seeds)", "median", "IQM [95% Yuen]", "min", "max",
-        "failed", "failure rate [Wilson 95%]", "mean | success", "bimodal", "missing",
+        "cell", "baseline", "D", "n", "mean ± sd", "95% t", "95% BCa (10+ seeds)", "median", "IQM [95% Yuen]",
+        "min", "max", "failed", "failure rate [Wilson 95%]", "mean | success", "bimodal", "missing",
     ]  # fmt: skip
     rows = []
     for r in c.itertuples():

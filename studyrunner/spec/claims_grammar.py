@@ -45,11 +45,13 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_LENGTH = 1000  # characters per claim or rule
+MAX_DEPTH = 50  # nested parentheses and `not`s in a rule (the parser recurses; Python's stack does not)
 
 FUNCTIONS = ("mean", "median", "iqm", "slope")
 CLAIM_OPS = ("<", ">", "<=", ">=")
 RULE_OPS = ("<", ">", "<=", ">=", "==", "!=")
 KEYWORDS = ("and", "or", "not")
+NON_FINITE = ("inf", "infinity", "nan")  # words YAML or Python would read as numbers; never a claim's number
 
 
 class GrammarError(ValueError):
@@ -96,6 +98,8 @@ def tokenize(text: str) -> list[Token]:
             raise GrammarError(f"unexpected character {text[i]!r}", i + 1, text)
         kind = m.lastgroup
         if kind == "arith":
+            if m.group() in "+-" and text[i + 1 : i + 4].lower() in ("inf", "nan"):
+                raise GrammarError("numbers must be finite", i + 1, text)
             raise GrammarError("arithmetic is not part of the grammar", i + 1, text)
         after_value = bool(tokens) and (tokens[-1].kind in ("number", "name", "string") or tokens[-1].text in ")]")
         if kind == "number" and m.group()[0] in "+-" and after_value:
@@ -212,6 +216,8 @@ class _ClaimParser(_Parser):
             return Number(self.number(tok))
         if tok.kind != "name":
             self.fail("expected a metric name, failure_rate, mean(...), median(...), iqm(...), slope(...) or a number")
+        if tok.text.lower() in NON_FINITE:
+            self.fail("numbers must be finite (compare with a finite number such as 0.5)", tok)
         start = tok.pos
         self.i += 1
         name = tok.text
@@ -277,6 +283,8 @@ class _ClaimParser(_Parser):
             self.i += 1
             return tok.text[1:-1]
         if tok.kind == "name":
+            if tok.text.lower() in NON_FINITE:
+                self.fail("selector values must be finite (a value of the study's grid)", tok)
             self.i += 1
             return {"true": True, "false": False, "null": None}.get(tok.text, tok.text)
         self.fail("expected a value (a number, a word or a quoted string)")
@@ -383,15 +391,31 @@ class _RuleParser(_Parser):
             args.append(self.not_())
         return args[0] if len(args) == 1 else BoolOp("and", tuple(args))
 
+    depth = 0
+
+    def nested(self, tok: Token) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise GrammarError(
+                f"nested more than {MAX_DEPTH} deep (parentheses and `not`s); write it flatter", tok.pos, self.text
+            )
+
     def not_(self):
+        tok = self.tok
         if self.take("name", "not"):
-            return Not(self.not_())
+            self.nested(tok)
+            inner = Not(self.not_())
+            self.depth -= 1
+            return inner
         return self.atom()
 
     def atom(self):
+        tok = self.tok
         if self.take("punct", "("):
+            self.nested(tok)
             inner = self.or_()
             self.expect("punct", ")", "')'")
+            self.depth -= 1
             return inner
         tok = self.tok
         if tok.kind != "name" or tok.text in KEYWORDS:

@@ -13,6 +13,7 @@ from ..models import build_model, get_family
 from ..tasks import build_task
 from ..train.evaluation import depth_metric_names
 from ..train.metrics import TRAINER_METRICS
+from .claims_check import check_claims
 from .errors import spec_error
 
 if TYPE_CHECKING:
@@ -76,24 +77,35 @@ def check_feasible(compiled: CompiledStudy) -> None:
         if family_params.supports_decoding():  # a task that decodes, on a family with a KV cache
             reported |= task.decode_metric_names()
 
-    metric = study.metric.name
-    if metric in reported:
-        return
-    models: set[str] = set()
-    for cell in compiled.cells:  # diagnostics depend on the family's params: probe a few configs
-        key = _key(cell.config["model"])
-        if key in models or len(models) >= MAX_MODELS_PROBED:
-            continue
-        models.add(key)
-        task = tasks[_key(cell.config["task"])]
-        import torch
+    probed: set[str] = set()
 
-        with torch.device("meta"):
-            model = build_model(cell.config["model"]["family"], cell.config["model"]["params"], task.facts)
-        reported |= set(getattr(model, "diagnostic_names", ()))
+    def reports(metric: str) -> bool:
+        """Whether a trial reports `metric`; the families' diagnostics are probed only when needed."""
         if metric in reported:
-            return
-    near = sorted(n for n in reported if n.split("_")[0] == metric.split("_")[0]) or sorted(reported)
-    raise spec_error(
-        source, node, ("metric", "name"), f"no trial of this study reports {metric!r}; reported: {', '.join(near)}"
-    )
+            return True
+        for cell in compiled.cells:  # diagnostics depend on the family's params: probe a few configs
+            key = _key(cell.config["model"])
+            if key in probed or len(probed) >= MAX_MODELS_PROBED:
+                continue
+            probed.add(key)
+            task = tasks[_key(cell.config["task"])]
+            import torch
+
+            with torch.device("meta"):
+                model = build_model(cell.config["model"]["family"], cell.config["model"]["params"], task.facts)
+            reported.update(getattr(model, "diagnostic_names", ()))
+            if metric in reported:
+                return True
+        return False
+
+    def every_name() -> set[str]:
+        reports("")  # probe every config (up to the cap)
+        return reported
+
+    metric = study.metric.name
+    if not reports(metric):
+        near = sorted(n for n in reported if n.split("_")[0] == metric.split("_")[0]) or sorted(reported)
+        raise spec_error(
+            source, node, ("metric", "name"), f"no trial of this study reports {metric!r}; reported: {', '.join(near)}"
+        )
+    check_claims(compiled, reports, every_name)

@@ -256,11 +256,14 @@ def _metric_values(data: StudyData, q: Quantity) -> pd.Series:
 
 
 def _seeds_used(data: StudyData, q: Quantity) -> int:
-    """How many seeds (values) a side's evidence rests on: finished trials for a failure rate, else the
-    finished trials with a finite value of the metric (the rows a slope is fitted to)."""
+    """How many seeds (values) a side's evidence rests on: finished trials for a failure rate, the distinct
+    seeds with a finite value for a slope, else the finished trials with a finite value of the metric."""
     if q.kind == "failure_rate":
         return len(data.select(q.selector))
-    return int(np.isfinite(_metric_values(data, q)).sum())
+    values = _metric_values(data, q)
+    if q.kind == "slope":  # a slope's evidence is its seeds (its clusters), not its points
+        return int(data.select(q.selector).loc[np.isfinite(values).to_numpy(), "seed"].nunique())
+    return int(np.isfinite(values).sum())
 
 
 def _seeds_dropped(data: StudyData, q: Quantity) -> int:

@@ -118,6 +118,25 @@ GAP_COLUMNS = {
 }
 
 
+# Fit table columns (terminal); the report adds the remaining intervals.
+FIT_COLUMNS = {
+    "depth": "D from", "form": "form", "n": "n", "alpha": "α", "alpha_lo": "α lo", "alpha_hi": "α hi",
+    "beta": "β", "c": "c", "k": "k", "m": "m", "top": "top", "E": "E", "A": "A", "gamma": "γ",
+    "r2": "R²", "rmse": "RMSE", "aic": "AIC", "bic": "BIC", "extrapolation_error": "extrap. err",
+    "ci": "interval", "flags": "flags",
+}  # fmt: skip
+FAMILY_COLUMNS = {
+    "family": "family", "cells": "cells", "n": "n", "alpha": "α", "alpha_lo": "α lo", "alpha_hi": "α hi",
+    "beta": "β", "r2": "R²", "ratio": "α/α_stacked", "ratio_lo": "lo", "ratio_hi": "hi",
+    "gap_pct": "mean %Gap", "gap_cells": "cells with baselines", "ci": "interval", "flags": "flags",
+}  # fmt: skip
+EQUAL_DEPTH_COLUMNS = {
+    "D": "D", "looped": "looped", "other": "other", "kind": "comparison", "other_D": "other D",
+    "looped_mean": "looped mean", "other_mean": "other mean", "diff": "looped − other", "lo": "lo", "hi": "hi",
+    "method": "interval", "p_looped_better": "P(looped better)",
+}  # fmt: skip
+
+
 def default_forms(mode: str) -> tuple[str, ...]:
     """Accuracies (max) may saturate: log-linear and logistic; losses (min): log-linear and power law."""
     return ("loglinear", "logistic") if mode == "max" else ("loglinear", "power_floor")

@@ -147,3 +147,17 @@ def test_solve_threshold_sources():
     assert "mode min" in stats.solve_threshold(loss)[1]
     percent = from_frame(frame().assign(eval_accuracy=lambda d: 100 * d.eval_accuracy))
     assert stats.chance_level(percent)[0] == pytest.approx(25.0)
+
+
+def test_report_shows_equal_depth_families_interval_method_and_threshold_source():
+    from studyrunner.analysis import report
+
+    data = from_frame(frame(baselines={(4, 1): "iso_flop:b1l4"}), failure="eval_accuracy < 0.15")
+    a = analyze(data, with_claims=False)
+    assert report.failure_threshold(a) == 0.15
+    html = report.render(a)
+    assert "Looped vs stacked at equal effective depth" in html and "1⊗4 vs 4⊗1, iso-flop" in html
+    assert "Looped lines vs stacked cells" in html and "α/α_stacked" in html
+    assert html.count("<th>interval</th>") >= 2  # the fit table and the family table name their method
+    assert "Chance level of eval_accuracy: 0.25 = 1/4 (phop, alphabet 4)" in html
+    assert "overflow-wrap" in html and 'class="wrap"' in html  # long labels wrap

@@ -631,7 +631,19 @@ def analyze(
         str | None, typer.Option(help="Fit the scaling law per value of this field (e.g. memory_slots).")
     ] = None,
     threshold: Annotated[
-        float | None, typer.Option(help="Time to solve: first step the metric reaches this [default: 90% of best].")
+        float | None,
+        typer.Option(
+            help="Time to solve: first step the metric reaches this [default: the study file's "
+            "analysis.solve_threshold, else chance + 10% of the way to 1, else 90% of the best cell mean]."
+        ),
+    ] = None,
+    logistic_top: Annotated[
+        float | None,
+        typer.Option(
+            "--logistic-top",
+            help="Fix the logistic fit's ceiling [default: analysis.logistic_top, else fitted within "
+            "[largest mean at one D, 1 or 100]].",
+        ),
     ] = None,
     db: DbOpt = None,
     workspace: WorkspaceOpt = None,
@@ -642,7 +654,7 @@ def analyze(
     from .analysis.summary import analyze as run_analysis
 
     loaded = _load_study(study, db, workspace, storage)
-    result = run_analysis(loaded, metric=metric, by=by, threshold=threshold)
+    result = run_analysis(loaded, metric=metric, by=by, threshold=threshold, logistic_top=logistic_top)
     if format is AnalysisFormat.json:
         write_json(result.to_dict())
     elif format is AnalysisFormat.csv:

@@ -53,6 +53,8 @@ class StudyData:
     on_warning: Callable[[str], None] | None = None
     # A search study's suggestions in order (analysis/search.py); empty for a grid study.
     search: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # The study file's `analysis:` options (solve_threshold, logistic_top); empty when it has none.
+    analysis: dict[str, Any] = field(default_factory=dict)
 
     # --- derived views ----------------------------------------------------------------------------
 
@@ -245,7 +247,13 @@ def load(
         cells_order=order,
         warnings=[*filter(None, [ledger.read_note]), *mixed_code_versions(trials, ledger.provenance(name))],
         search=search if search is not None else pd.DataFrame(),
+        analysis=_analysis_options(spec),
     )
+
+
+def _analysis_options(spec) -> dict[str, Any]:
+    section = getattr(spec, "analysis", None)
+    return section.model_dump(exclude_none=True) if section is not None else {}
 
 
 def _code_version(provenance: dict[str, Any]) -> str:
@@ -293,6 +301,7 @@ def from_frame(
     mode: str = "max",
     failure: str | None = None,
     claims: list[str] | None = None,
+    analysis: dict[str, Any] | None = None,
 ) -> StudyData:
     """A StudyData from a trials frame in `results.trials_frame`'s shape (tests, notebooks)."""
     rule = parse_rule(failure) if failure else None
@@ -306,4 +315,5 @@ def from_frame(
         rule,
         int((~trials.status.isin(DONE)).sum()),
         cells_order=list(dict.fromkeys(trials.cell_hash)),
+        analysis=dict(analysis or {}),
     )

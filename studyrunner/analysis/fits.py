@@ -3,9 +3,13 @@
 Forms (fitted with `scipy.optimize.least_squares`; `loss="huber"` or `"soft_l1"` for robustness):
 
 - `loglinear`:   y = α·ln D + β                                (seed 002's form)
-- `logistic`:    y = c + (top − c) / (1 + exp(−k·(ln D − m)))   (accuracies that saturate; top = 1 or 100)
+- `logistic`:    y = c + (top − c) / (1 + exp(−k·(ln D − m)))   (accuracies that saturate; the ceiling top
+                 is fitted within [largest mean y at one D, 1 or 100]; `top=` fixes it)
 - `power_floor`: y = E + A·D^(−γ)                               (losses; fitted in log space as
                  ln y = logsumexp(e, a − γ·ln D), Chinchilla's approach 3)
+
+A fit whose parameter rests on a bound (the logistic's midpoint far outside the data, its steepness at
+±50, its ceiling at either end) carries `flags` ("at bound: m"): it ranks after unflagged fits.
 
 Every form is scored in y space (R², RMSE, AIC and BIC through statsmodels' information criteria on the
 Gaussian likelihood), so forms can be compared. The extrapolation error refits without the largest D and
@@ -61,6 +65,8 @@ class Form:
     log_space: bool = False  # fitted on ln y (power law)
     # (lnD, y) -> (lower, upper) bounds on theta; None = unbounded
     bounds: Callable[[np.ndarray, np.ndarray], tuple[list[float], list[float]]] | None = None
+    # parameters that may rest at a bound without the fit being flagged (the logistic's floor c at 0)
+    free_at_bound: tuple[str, ...] = ()
 
 
 def _loglinear_starts(lx, y):
@@ -69,6 +75,8 @@ def _loglinear_starts(lx, y):
 
 
 def _logistic(top: float) -> Form:
+    """The logistic with its ceiling fixed at `top`."""
+
     def predict(theta, lx):
         c, k, m = theta
         return c + (top - c) * expit(k * (lx - m))
@@ -93,6 +101,49 @@ def _logistic(top: float) -> Form:
         predict,
         starts,
         bounds=bounds,
+        free_at_bound=("c",),
+    )
+
+
+def _top_floor(lx, y) -> float:
+    """The lowest ceiling a fitted logistic may take: the largest mean of y at one D."""
+    return float(pd.Series(y).groupby(np.round(lx, 9)).mean().max())
+
+
+def _logistic_fitted_top(cap: float) -> Form:
+    """The logistic with its ceiling `top` fitted, bounded to [max over D of the mean y, cap]
+    (accuracies that plateau below 1, e.g. at 0.44)."""
+
+    def predict(theta, lx):
+        c, k, m, top = theta
+        return c + (top - c) * expit(k * (lx - m))
+
+    def starts(lx, y):
+        lo = _top_floor(lx, y)
+        c0 = float(np.min(y))
+        return [
+            np.array([c, k, m, t])
+            for c in (c0, 0.0)
+            for k in (0.5, 2.0, 5.0)
+            for m in np.quantile(lx, [0.25, 0.5, 0.75])
+            for t in (lo + 0.05 * (cap - lo), cap)
+        ]
+
+    def bounds(lx, y):
+        span = max(float(np.ptp(lx)), 1.0)
+        return (
+            [min(0.0, float(np.min(y))), -50.0, float(lx.min()) - 2 * span, _top_floor(lx, y)],
+            [cap, 50.0, float(lx.max()) + 2 * span, cap],
+        )
+
+    return Form(
+        "logistic",
+        ("c", "k", "m", "top"),
+        f"y = c + (top − c)·σ(k·(ln D − m)), top ≤ {cap:g}",
+        predict,
+        starts,
+        bounds=bounds,
+        free_at_bound=("c",),
     )
 
 
@@ -135,10 +186,16 @@ def get_form(name: str, y: np.ndarray | None = None, top: float | None = None) -
     if name == "power_floor":
         return POWER_FLOOR if y is None or np.all(np.asarray(y) > 0) else None
     if name == "logistic":
-        if top is None:
-            ymax = float(np.max(y)) if y is not None and len(y) else 1.0
-            top = 1.0 if ymax <= 1.0 else 100.0 if ymax <= 100.0 else None
-        return _logistic(top) if top is not None else None
+        # top: a number fixes the ceiling; None fits it, bounded to [max mean y, 1 or 100 by the y scale]
+        ymax = float(np.max(y)) if y is not None and len(y) else 1.0
+        cap = 1.0 if ymax <= 1.0 else 100.0 if ymax <= 100.0 else None
+        if top is not None:
+            return _logistic(float(top))
+        if cap is None:
+            return None
+        if y is not None and len(y) and ymax >= cap:  # the data reach the cap: nothing to fit
+            return _logistic(cap)
+        return _logistic_fitted_top(cap)
     raise ValueError(f"unknown form {name!r}; forms: {', '.join(FORMS)}")
 
 
@@ -158,6 +215,9 @@ class Fit:
     cov: np.ndarray | None = field(default=None, repr=False)  # of the fitted (internal) parameters
     df: dict[str, float] = field(default_factory=dict)  # t degrees of freedom per parameter
     extrapolation_error: float = math.nan  # observed mean at the largest D minus the prediction fitted without it
+    # why the fit is not to be trusted, e.g. "at bound: m" (a parameter resting on its bound); flagged
+    # fits rank after unflagged ones and are never the best form
+    flags: list[str] = field(default_factory=list)
     x: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
     y: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
     boot: np.ndarray | None = field(default=None, repr=False)  # bootstrap thetas (rows)
@@ -214,6 +274,7 @@ class Fit:
             out.update({name: value, f"{name}_lo": lo, f"{name}_hi": hi})
         out["extrapolation_error"] = self.extrapolation_error
         out["ci"] = self.ci_method
+        out["flags"] = "; ".join(self.flags)
         return out
 
 
@@ -277,6 +338,8 @@ def fit(
     x, y = x[ok], y[ok]
     strata = np.asarray(strata)[ok] if strata is not None else x
     f = get_form(form, y, top)
+    if f is not None and f.name == "logistic" and "top" in f.params and len(np.unique(x)) < len(f.params):
+        f = get_form(form, y, f.bounds(np.log(x), y)[1][-1])  # too few depths to fit the ceiling: fix it at the cap
     k = len(f.params) if f else 0
     if f is None or len(np.unique(x)) < max(2, k) or len(y) < k:
         return None
@@ -303,6 +366,7 @@ def fit(
         y=y,
         _form=f,
         _theta=theta,
+        flags=_bound_flags(f, theta, lx, y),
     )
     ci = ci or DEFAULT_CI
     if ci not in CI_METHODS:
@@ -391,6 +455,22 @@ def _two_point(x, y, clusters, confidence):
         return None
     half = stats.t.ppf(0.5 + confidence / 2, df) * se
     return est - half, est + half, float(df), f"two depths: {how}"
+
+
+def _bound_flags(form: Form, theta: np.ndarray, lx: np.ndarray, y: np.ndarray) -> list[str]:
+    """["at bound: m, k"] when a fitted parameter rests on one of its bounds (not one in free_at_bound)."""
+    if form.bounds is None:
+        return []
+    lower, upper = form.bounds(lx, y)
+    at = []
+    for name, value, lo, hi in zip(form.params, theta, lower, upper, strict=True):
+        if name in form.free_at_bound:
+            continue
+        width = hi - lo if np.isfinite(lo) and np.isfinite(hi) else max(1.0, abs(value))
+        tol = 1e-4 * max(width, 1e-12)
+        if (np.isfinite(lo) and value - lo <= tol) or (np.isfinite(hi) and hi - value <= tol):
+            at.append(name)
+    return [f"at bound: {', '.join(at)}"] if at else []
 
 
 def _named(form: Form, theta: np.ndarray) -> dict[str, float]:
@@ -506,10 +586,11 @@ def scaling_points(data: StudyData, metric: str | None = None, source: str = "tr
 
 
 def fit_forms(points: pd.DataFrame, forms=FORMS, strata: str = "depth", **kwargs) -> list[Fit]:
-    """Every form that can be fitted to `points`, best BIC first (clustered by seed)."""
+    """Every form that can be fitted to `points`, best BIC first (clustered by seed); flagged fits (a
+    parameter at its bound) come after every unflagged one, so the first fit is a flagged one only when all are."""
     fits = [fit(points.depth, points.y, form, **_cluster_args(points, strata), **kwargs) for form in forms]
     fits = [f for f in fits if f is not None]
-    return sorted(fits, key=lambda f: f.bic if np.isfinite(f.bic) else -math.inf)
+    return sorted(fits, key=lambda f: (bool(f.flags), f.bic if np.isfinite(f.bic) else -math.inf))
 
 
 def _cluster_args(points: pd.DataFrame, strata: str = "depth") -> dict:

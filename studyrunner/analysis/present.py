@@ -12,7 +12,7 @@ from rich.text import Text
 
 from .claims import CONTRADICTED, INCONCLUSIVE, INVALID, PENDING, SUPPORTED, Verdict
 from .search import best_points
-from .summary import GAP_COLUMNS, Analysis, fmt, interval
+from .summary import EQUAL_DEPTH_COLUMNS, FAMILY_COLUMNS, FIT_COLUMNS, GAP_COLUMNS, Analysis, fmt, interval
 
 STYLES = {SUPPORTED: "green", CONTRADICTED: "red", INCONCLUSIVE: "yellow", INVALID: "magenta", PENDING: "cyan"}
 
@@ -103,32 +103,15 @@ def verdicts_table(verdicts: list[Verdict], holm: bool = False) -> Table:
 
 def print_analysis(a: Analysis, console: Console) -> None:
     console.print(Text(a.header()), soft_wrap=True)
+    if a.chance_source:
+        console.print(Text(f"chance level of {a.metric}: {fmt(a.chance, 3)} = {a.chance_source}"), soft_wrap=True)
     console.print(cells_table(a))
     if a.fits:
         console.print(
             frame_table(
-                f"fits of {a.metric} against effective depth D (best BIC first)",
+                f"fits of {a.metric} against effective depth D (best BIC first; flagged fits last)",
                 a.fit_table,
-                {
-                    "depth": "D from",
-                    "form": "form",
-                    "n": "n",
-                    "alpha": "α",
-                    "alpha_lo": "α lo",
-                    "alpha_hi": "α hi",
-                    "beta": "β",
-                    "c": "c",
-                    "k": "k",
-                    "m": "m",
-                    "E": "E",
-                    "A": "A",
-                    "gamma": "γ",
-                    "r2": "R²",
-                    "rmse": "RMSE",
-                    "aic": "AIC",
-                    "bic": "BIC",
-                    "extrapolation_error": "extrap. err",
-                },  # fmt: skip
+                FIT_COLUMNS,
             )
         )
     else:
@@ -149,7 +132,25 @@ def print_analysis(a: Analysis, console: Console) -> None:
                     "ratio": "α/α_ref",
                     "ratio_lo": "lo",
                     "ratio_hi": "hi",
+                    "ci": "interval",
+                    "flags": "flags",
                 },  # fmt: skip
+            )
+        )
+    if len(a.families):
+        console.print(
+            frame_table(
+                f"log-linear fit of {a.metric} against D per family: looped lines vs stacked (loops=1) cells",
+                a.families,
+                FAMILY_COLUMNS,
+            )
+        )
+    if len(a.equal_depth):
+        console.print(
+            frame_table(
+                "looped vs stacked at equal effective depth, and vs baselines (looped − other)",
+                a.equal_depth,
+                EQUAL_DEPTH_COLUMNS,
             )
         )
     if len(a.gap):
@@ -181,7 +182,7 @@ def print_analysis(a: Analysis, console: Console) -> None:
         threshold = fmt(a.time_to_solve_cells.threshold.iloc[0])
         console.print(
             frame_table(
-                f"time to solve ({a.metric} reaching {threshold})",
+                f"time to solve ({a.metric} reaching {threshold}: {a.threshold_source})",
                 a.time_to_solve_cells,
                 {
                     "cell": "cell",

@@ -10,6 +10,7 @@ import base64
 import io
 import math
 import os
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,12 +20,11 @@ import pandas as pd
 from ..errors import StudyrunnerError
 from .data import StudyData
 from .mlflow_ui import run_url, runs_url
-from .summary import GAP_COLUMNS, Analysis, analyze, fmt, interval
+from .summary import EQUAL_DEPTH_COLUMNS, FAMILY_COLUMNS, GAP_COLUMNS, Analysis, analyze, fmt, interval
 
 TEMPLATE = "report.html.j2"
 CURVE_METRICS = ("train_loss", "eval_loss")  # plotted per cell when present, with the study metric
 DIAGNOSTIC_PREFIXES = ("ponder_steps_mean", "gate_local_mean", "gate_global_mean", "block_cos_mean")
-MAX_CURVE_CELLS = 24  # training-curve panels (the rest are listed)
 
 
 def template_dir() -> Path:
@@ -83,10 +83,35 @@ def strip_plot(a: Analysis) -> str | None:
             ax.hlines(row.mean, i - 0.28, i + 0.28, color="black", lw=1.5, zorder=4)
         if np.isfinite(row.t_lo):
             ax.vlines(i + 0.3, row.t_lo, row.t_hi, color="gray", lw=1)
+    lines = []
+    if np.isfinite(a.chance):
+        ax.axhline(a.chance, color="#7f7f7f", ls=":", lw=1.2, label=f"chance {a.chance:.3g}")
+        lines.append(True)
+    failure = failure_threshold(a)
+    if failure is not None:
+        ax.axhline(failure, color="#d62728", ls="--", lw=1, label=f"failure threshold {failure:.3g}")
+        lines.append(True)
+    if np.isfinite(a.threshold):
+        ax.axhline(a.threshold, color="#2ca02c", ls="-.", lw=1, label=f"solve threshold {a.threshold:.3g}")
+        lines.append(True)
+    if lines:
+        ax.legend(fontsize=7, loc="best")
     ax.set_xticks(range(len(cells)), [_short(c) for c in cells.cell], rotation=30, ha="right")
     ax.set_ylabel(metric)
     ax.set_title("every seed per cell (× = failed; bar = mean, grey = 95% t-interval)")
     return _png(fig)
+
+
+def failure_threshold(a: Analysis) -> float | None:
+    """The failure rule's threshold on the plotted metric (`metric < x` / `metric > x`), if it has one."""
+    rule = a.data.failure_rule
+    if rule is None:
+        return None
+    m = re.search(rf"(?<![\w.]){re.escape(a.metric)}\s*(<=|>=|<|>)\s*(-?[0-9.eE+-]+)", rule.text)
+    try:
+        return float(m.group(2)) if m else None
+    except ValueError:
+        return None
 
 
 def failure_plot(a: Analysis) -> str | None:
@@ -123,62 +148,125 @@ def profile_plot(a: Analysis) -> str | None:
     return _png(fig)
 
 
-def fit_plot(fits, points: pd.DataFrame, metric: str, title: str) -> str | None:
+def _cell_points(a: Analysis, points: pd.DataFrame) -> pd.DataFrame:
+    """Per (cell, D): the mean of the points, its 95% t-interval, and the cell's family (looped/stacked)."""
+    from .stats import cell_frame, depth_family, t_interval
+
+    cells = cell_frame(a.data)
+    family = depth_family(cells) if len(cells) else pd.Series(dtype=str)
+    rows = []
+    for (h, depth), g in points.groupby(["cell_hash", "depth"], sort=False):
+        lo, hi = t_interval(g.y)
+        kind = family.get(h, "")
+        rows.append(
+            {
+                "cell_hash": h,
+                "depth": float(depth),
+                "mean": float(g.y.mean()),
+                "lo": lo,
+                "hi": hi,
+                "family": "looped" if "looped" in kind and "stacked" not in kind else kind or "other",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+FAMILY_STYLE = {  # marker, colour, label
+    "looped": ("o", "#1f77b4", "looped cells (loops > 1)"),
+    "stacked": ("s", "#ff7f0e", "stacked cells (loops = 1)"),
+    "looped,stacked": ("D", "#9467bd", "1-loop start of a looped line"),
+    "other": ("^", "#555555", "cells"),
+}
+
+
+def fit_plot(fits, points: pd.DataFrame, metric: str, title: str, a: Analysis | None = None) -> str | None:
+    """Cell means with 95% t-intervals (looped and stacked cells marked apart), the fitted curves with
+    their bands (`Fit.band`), on a log D axis ticked at the design depths; residuals below."""
     if not fits or points.empty:
         return None
     plt = _plt()
-    fig, (ax, res) = plt.subplots(2, 1, figsize=(6.4, 5.0), height_ratios=[3, 1.3], sharex=True)
-    ax.scatter(points.depth, points.y, s=16, color="black", alpha=0.7, zorder=3, label="seeds")
+    fig, (ax, res) = plt.subplots(2, 1, figsize=(7.0, 5.4), height_ratios=[3, 1.3], sharex=True)
+    ax.scatter(points.depth, points.y, s=8, color="#bbbbbb", alpha=0.8, zorder=2, label="seeds")
+    cell_points = _cell_points(a, points) if a is not None else pd.DataFrame()
+    for kind, group in cell_points.groupby("family", sort=False) if len(cell_points) else []:
+        marker, color, label = FAMILY_STYLE.get(kind, FAMILY_STYLE["other"])
+        err = np.vstack([group["mean"] - group.lo, group.hi - group["mean"]])
+        err = np.where(np.isfinite(err), err, 0.0)
+        ax.errorbar(group.depth, group["mean"], yerr=err, fmt=marker, color=color, ms=6, capsize=3, lw=1,
+                    zorder=4, label=f"{label}: mean, 95% t")  # fmt: skip
     grid = np.exp(np.linspace(np.log(points.depth.min()), np.log(points.depth.max()), 80))
-    colors = ["#1f77b4", "#ff7f0e", "#2ca02c"]
+    colors = ["#2ca02c", "#d62728", "#8c564b"]
     for f, color in zip(fits, colors, strict=False):
-        ax.plot(grid, f.predict(grid), color=color, label=f"{f.form} (R²={f.r2:.3f}, BIC={f.bic:.1f})")
+        flag = f" [{'; '.join(f.flags)}]" if f.flags else ""
+        style = "--" if f.flags else "-"
+        ax.plot(grid, f.predict(grid), color=color, ls=style, label=f"{f.form} (R²={f.r2:.3f}, BIC={f.bic:.1f}){flag}")
         lo, hi = f.band(grid)
         if np.isfinite(lo).any():
-            ax.fill_between(grid, lo, hi, color=color, alpha=0.15)
+            ax.fill_between(grid, lo, hi, color=color, alpha=0.15, label=f"{f.form} 95% band ({f.ci_method})")
         res.scatter(f.x, f.residuals, s=12, color=color, alpha=0.8)
     res.axhline(0, color="gray", lw=0.8)
     ax.set_xscale("log")
+    ticks = sorted(set(np.round(points.depth.to_numpy(float), 6)))
+    if len(ticks) > 12:  # measured depths (halting): a few of them
+        ticks = list(np.unique(np.quantile(ticks, np.linspace(0, 1, 8))))
+    for axis in (ax, res):
+        axis.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        axis.minorticks_off()
     ax.set_ylabel(metric)
     ax.set_title(title)
-    ax.legend(fontsize=7)
-    res.set_xlabel("effective depth D (log scale)")
+    ax.legend(fontsize=6.5, loc="best")
+    res.set_xlabel("effective depth D (log scale, ticks at the design depths)")
     res.set_ylabel("residual")
     return _png(fig)
 
 
 def curve_plots(a: Analysis) -> list[dict]:
-    """Per cell: training loss, the study metric, and ponder steps / gates where the family logs them."""
+    """One axis per metric (training loss, eval loss, the study metric, ponder steps / gates where logged)
+    with every cell overlaid: the mean over its seeds as a line, each seed faint in the same colour."""
     curves = a.data.curves
     if curves.empty:
         return []
     plt = _plt()
-    done = a.data.done.set_index("trial_key")
+    done = a.data.done
+    keys = done.set_index("trial_key")
+    curves = curves[curves.trial_key.isin(keys.index)]
+    diag = [c for c in curves.columns if c in DIAGNOSTIC_PREFIXES and curves[c].notna().any()]
+    panels = [m for m in (*CURVE_METRICS, a.metric) if m in curves and curves[m].notna().any()]
+    panels = list(dict.fromkeys(panels + diag))
+    if not panels:
+        return []
+    cells = [
+        r for r in a.cells.itertuples() if curves.trial_key.isin(done.trial_key[done.cell_hash == r.cell_hash]).any()
+    ]
+    cmap = plt.get_cmap("tab10" if len(cells) <= 10 else "tab20")
     out = []
-    for row in a.cells.head(MAX_CURVE_CELLS).itertuples():
-        keys = done.index[done.cell_hash == row.cell_hash]
-        cell_curves = curves[curves.trial_key.isin(keys)]
-        if cell_curves.empty:
-            continue
-        diag = [c for c in cell_curves.columns if c in DIAGNOSTIC_PREFIXES and cell_curves[c].notna().any()]
-        panels = [m for m in (*CURVE_METRICS, a.metric) if m in cell_curves and cell_curves[m].notna().any()]
-        panels = list(dict.fromkeys(panels + diag))
-        if not panels:
-            continue
-        fig, axes = plt.subplots(1, len(panels), figsize=(3.1 * len(panels), 2.4), squeeze=False)
-        for ax, m in zip(axes[0], panels, strict=True):
-            for key, c in cell_curves.dropna(subset=[m]).groupby("trial_key"):
-                seed = done.loc[key, "seed"]
-                failed = bool(done.loc[key, "failed"])
-                ax.plot(c.step, c[m], lw=1, color="#d62728" if failed else None, label=f"seed {seed}")
-            ax.set_title(m, fontsize=8)
-            ax.set_xlabel("step", fontsize=8)
-        axes[0][0].legend(fontsize=6)
-        out.append({"cell": row.cell, "img": _png(fig)})
+    for m in panels:
+        fig, ax = plt.subplots(figsize=(7.0, 3.6))
+        for i, row in enumerate(cells):
+            color = cmap(i % cmap.N)
+            cell_curves = curves[curves.trial_key.isin(done.trial_key[done.cell_hash == row.cell_hash])]
+            cell_curves = cell_curves.dropna(subset=[m])
+            if cell_curves.empty:
+                continue
+            for key, c in cell_curves.groupby("trial_key"):
+                failed = bool(keys.loc[key, "failed"])
+                ax.plot(c.step, c[m], lw=0.7, alpha=0.3, color=color, ls=":" if failed else "-")
+            mean = cell_curves.groupby("step")[m].mean()
+            ax.plot(mean.index, mean.to_numpy(), lw=1.6, color=color, label=_short(row.cell, 36))
+        ax.set_title(f"{m}: mean over seeds per cell (faint: each seed; dotted: failed seeds)", fontsize=8)
+        ax.set_xlabel("step")
+        ax.set_ylabel(m)
+        ax.legend(fontsize=6.5, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+        out.append({"metric": m, "img": _png(fig)})
     return out
 
 
 # --- the page -------------------------------------------------------------------------------------
+
+
+def _wraps(value) -> bool:
+    """A long text cell (a cell label, an interval method), wrapped in tables; numbers and intervals are not."""
+    return isinstance(value, str) and len(value) > 16 and re.search(r"[A-Za-df-z_]", value) is not None
 
 
 def _table(df: pd.DataFrame, columns: dict[str, str]) -> dict:
@@ -201,7 +289,7 @@ def _cells_table(a: Analysis) -> dict:
         rows.append(
             [
                 r.cell,
-                r.baseline,
+                r.baseline.replace(",", ", "),
                 fmt(r.depth, 3),
                 str(r.n),
                 f"{fmt(r.mean)} ± {fmt(r.sd, 2)}" if r.n else "",
@@ -242,14 +330,17 @@ def render(a: Analysis, ui: str | None = None) -> str:
 
     d = a.data
     env = Environment(loader=FileSystemLoader(template_dir()), autoescape=select_autoescape(["html", "j2"]))
+    env.tests["wraps"] = _wraps
     fit_cols = {
         "form": "form", "n": "n", "alpha": "α", "alpha_lo": "α lo", "alpha_hi": "α hi", "beta": "β",
         "c": "c", "k": "k", "m": "m", "E": "E", "A": "A", "gamma": "γ", "gamma_lo": "γ lo", "gamma_hi": "γ hi",
+        "top": "top", "top_lo": "top lo", "top_hi": "top hi",
         "r2": "R²", "rmse": "RMSE", "aic": "AIC", "bic": "BIC", "extrapolation_error": "leave-largest-D-out error",
-        "ci": "interval", "depth": "D from",
+        "ci": "interval", "flags": "flags", "depth": "D from",
     }  # fmt: skip
     group_cols = {a.group_by or "": a.group_by or "", "n": "n", "alpha": "α", "alpha_lo": "α lo", "alpha_hi": "α hi",
-                  "r2": "R²", "ref": "ref", "ratio": "α / α_ref", "ratio_lo": "lo", "ratio_hi": "hi"}  # fmt: skip
+                  "r2": "R²", "ref": "ref", "ratio": "α / α_ref", "ratio_lo": "lo", "ratio_hi": "hi",
+                  "ci": "interval", "flags": "flags"}  # fmt: skip
     verdicts = [
         {
             **v.row(),
@@ -273,10 +364,16 @@ def render(a: Analysis, ui: str | None = None) -> str:
         "strip": strip_plot(a),
         "failures": failure_plot(a),
         "profile": profile_plot(a),
-        "fit_img": fit_plot(a.fits, scaling_points(d, a.metric), a.metric, f"{a.metric} vs effective depth"),
+        "fit_img": fit_plot(a.fits, scaling_points(d, a.metric), a.metric, f"{a.metric} vs effective depth", a),
         "loops_img": fit_plot(
-            a.loops_fits, scaling_points(d, a.metric, source="loops"), a.metric, "test-time depth (eval.loops)"
+            a.loops_fits, scaling_points(d, a.metric, source="loops"), a.metric, "test-time depth (eval.loops)", a
         ),
+        "families": _table(a.families, FAMILY_COLUMNS) if len(a.families) else None,
+        "equal_depth": _table(a.equal_depth, EQUAL_DEPTH_COLUMNS) if len(a.equal_depth) else None,
+        "threshold": fmt(a.threshold) if np.isfinite(a.threshold) else "",
+        "threshold_source": a.threshold_source,
+        "chance": fmt(a.chance, 3) if np.isfinite(a.chance) else "",
+        "chance_source": a.chance_source,
         "fits": _table(a.fit_table, fit_cols) if len(a.fits) else None,
         "groups": _table(a.groups, group_cols) if len(a.groups) else None,
         "gap": _table(a.gap, GAP_COLUMNS) if len(a.gap) else None,
@@ -333,7 +430,8 @@ def write_report(
         written = [html]
         if tables:
             for name, df in (("cells", a.cells), ("fits", a.fit_table), ("fit_groups", a.groups),
-                             ("claims", a.claims_table), ("percent_gap", a.gap)):  # fmt: skip
+                             ("claims", a.claims_table), ("percent_gap", a.gap), ("families", a.families),
+                             ("equal_depth", a.equal_depth)):  # fmt: skip
                 if len(df):
                     path = out / f"{a.data.name}-{name}.csv"
                     df.to_csv(path, index=False)

@@ -30,6 +30,15 @@ class Analysis:
     time_to_solve: pd.DataFrame = field(default_factory=pd.DataFrame)  # per trial
     time_to_solve_cells: pd.DataFrame = field(default_factory=pd.DataFrame)
     failure_depth: dict = field(default_factory=dict)
+    # looped vs stacked cells at equal effective depth (and vs their baselines): looped − other
+    equal_depth: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # log-linear fit of the metric against D per family of cells (looped lines, stacked cells)
+    families: pd.DataFrame = field(default_factory=pd.DataFrame)
+    threshold: float = math.nan  # time to solve: the threshold, and where it came from
+    threshold_source: str = ""
+    chance: float = math.nan  # the metric's chance level (per-token accuracy of a known task)
+    chance_source: str = ""
+    logistic_top: float | None = None  # the logistic's fixed ceiling (None: fitted)
     verdicts: list[claims_mod.Verdict] = field(default_factory=list)
 
     @property
@@ -79,11 +88,22 @@ class Analysis:
             "percent_gap": records(self.gap),
             "paired": records(self.paired),
             "time_to_solve": records(self.time_to_solve_cells),
+            "solve_threshold": _finite(self.threshold),
+            "solve_threshold_source": self.threshold_source,
+            "chance": _finite(self.chance),
+            "chance_source": self.chance_source,
+            "logistic_top": self.logistic_top,
+            "equal_depth": records(self.equal_depth),
+            "families": records(self.families),
             "failure_vs_depth": self.failure_depth,
             "claims": records(self.claims_table),
             "search": records(self.search),
             "search_best": records(best_points(self.search)),
         }
+
+
+def _finite(value: float) -> float | None:
+    return value if value is not None and np.isfinite(value) else None
 
 
 # %Gap table columns and their headings, shared by the terminal and the HTML report.
@@ -99,6 +119,25 @@ GAP_COLUMNS = {
 }
 
 
+# Fit table columns (terminal); the report adds the remaining intervals.
+FIT_COLUMNS = {
+    "depth": "D from", "form": "form", "n": "n", "alpha": "α", "alpha_lo": "α lo", "alpha_hi": "α hi",
+    "beta": "β", "c": "c", "k": "k", "m": "m", "top": "top", "E": "E", "A": "A", "gamma": "γ",
+    "r2": "R²", "rmse": "RMSE", "aic": "AIC", "bic": "BIC", "extrapolation_error": "extrap. err",
+    "ci": "interval", "flags": "flags",
+}  # fmt: skip
+FAMILY_COLUMNS = {
+    "family": "family", "cells": "cells", "n": "n", "alpha": "α", "alpha_lo": "α lo", "alpha_hi": "α hi",
+    "beta": "β", "r2": "R²", "ratio": "α/α_stacked", "ratio_lo": "lo", "ratio_hi": "hi",
+    "gap_pct": "mean %Gap", "gap_cells": "cells with baselines", "ci": "interval", "flags": "flags",
+}  # fmt: skip
+EQUAL_DEPTH_COLUMNS = {
+    "D": "D", "looped": "looped", "other": "other", "kind": "comparison", "other_D": "other D",
+    "looped_mean": "looped mean", "other_mean": "other mean", "diff": "looped − other", "lo": "lo", "hi": "hi",
+    "method": "interval", "p_looped_better": "P(looped better)",
+}  # fmt: skip
+
+
 def default_forms(mode: str) -> tuple[str, ...]:
     """Accuracies (max) may saturate: log-linear and logistic; losses (min): log-linear and power law."""
     return ("loglinear", "logistic") if mode == "max" else ("loglinear", "power_floor")
@@ -110,18 +149,27 @@ def analyze(
     by: str | None = None,
     threshold: float | None = None,
     with_claims: bool = True,
+    logistic_top: float | None = None,
     ci: str | None = None,
 ) -> Analysis:
-    """`ci`: the fits' interval method (`fits.CI_METHODS`; default CR2 t by seed)."""
+    """`threshold` (time to solve) and `logistic_top` (fix the logistic's ceiling) default to the study
+    file's `analysis:` options (`solve_threshold`, `logistic_top`); `ci` is the fits' interval method
+    (`fits.CI_METHODS`; default CR2 t by seed)."""
     metric = metric or data.metric
     out = Analysis(data, metric, stats_mod.cell_stats(data, metric))
+    if logistic_top is None:
+        logistic_top = data.analysis.get("logistic_top")
+    out.logistic_top = logistic_top
+    chance = stats_mod.chance_level(data, metric)
+    if chance is not None:
+        out.chance, out.chance_source = chance
     if data.done.empty:
         return out
     forms = default_forms(data.mode)
     points = fits_mod.scaling_points(data, metric)
     if len(points) and points.depth.nunique() >= 2:
-        # measured depths (halting) differ per seed: resample seeds within cells then
-        out.fits = fits_mod.fit_forms(points, forms, strata="cell_hash", ci=ci)
+        # measured depths (halting) differ per seed: the bootstrap option resamples seeds within cells
+        out.fits = fits_mod.fit_forms(points, forms, strata="cell_hash", top=logistic_top, ci=ci)
         by = by or ("baseline" if (data.trials.baseline != "").any() else None)
         if by is not None:
             column = by if by in points else data.column_for(by)
@@ -132,16 +180,50 @@ def analyze(
                 out.group_by = by
     loops_points = fits_mod.scaling_points(data, metric, source="loops")
     if len(loops_points) and loops_points.depth.nunique() >= 2:
-        out.loops_fits = fits_mod.fit_forms(loops_points, forms, strata="depth", ci=ci)
+        out.loops_fits = fits_mod.fit_forms(loops_points, forms, strata="depth", top=logistic_top, ci=ci)
     out.gap = fits_mod.percent_gap(data, metric, ci=ci)
     out.paired = stats_mod.paired_comparisons(data, metric)
-    out.time_to_solve = stats_mod.time_to_solve(data, metric, threshold)
+    out.equal_depth = stats_mod.equal_depth_comparisons(data, metric)
+    out.families = family_fits(data, points, out.gap, ci=ci)
+    out.threshold, out.threshold_source = stats_mod.solve_threshold(data, metric, threshold)
+    out.time_to_solve = stats_mod.time_to_solve(data, metric, out.threshold)
+    if len(out.time_to_solve):
+        out.time_to_solve["threshold_source"] = out.threshold_source
     if len(out.time_to_solve):
         out.time_to_solve_cells = stats_mod.time_to_solve_summary(out.time_to_solve, data.cells_order)
     out.failure_depth = fits_mod.failure_vs_depth(data)
     if with_claims and data.claims:
         out.verdicts = claims_mod.verify(data)
     return out
+
+
+def family_fits(data: StudyData, points: pd.DataFrame, gap: pd.DataFrame, ci: str | None = None) -> pd.DataFrame:
+    """Log-linear fits of the metric against D per family of cells: the looped lines (loops > 1 and the
+    loops = 1 cells they start from) and the stacked cells (loops = 1), as separate lines, with the slope
+    ratio α_looped / α_stacked; the looped row carries the mean %Gap of its cells with baselines."""
+    cells = stats_mod.cell_frame(data)
+    if cells.empty or points.empty or cells[stats_mod.LOOPS].isna().all():
+        return pd.DataFrame()
+    family = stats_mod.depth_family(cells)
+    parts = []
+    for kind in ("stacked", "looped"):
+        members = family.index[family.str.split(",").map(lambda kinds, kind=kind: kind in kinds)]
+        part = points[points.cell_hash.isin(members)]
+        if part.depth.nunique() >= 2:
+            parts.append(part.assign(family=kind))
+    if len(parts) < 1:
+        return pd.DataFrame()
+    table = fits_mod.fit_groups(pd.concat(parts, ignore_index=True), "family", ref="stacked", ci=ci)
+    if table.empty:
+        return table
+    table["cells"] = [
+        int(family.str.split(",").map(lambda kinds, kind=kind: kind in kinds).sum()) for kind in table.family
+    ]
+    table["gap_pct"] = [
+        float(gap.gap_pct.mean()) if kind == "looped" and len(gap) else math.nan for kind in table.family
+    ]
+    table["gap_cells"] = [len(gap) if kind == "looped" else 0 for kind in table.family]
+    return table
 
 
 def fmt(value, digits: int = 4) -> str:

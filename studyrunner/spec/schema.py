@@ -333,6 +333,22 @@ class MetricSpec(Strict):
     mode: Literal["max", "min"] = "max"
 
 
+class AnalysisSection(Strict):
+    """Options of `studyrunner analyze` / `report` (never part of a cell config or hash)."""
+
+    solve_threshold: float | None = Field(
+        None,
+        description="Time to solve: the first step the study metric reaches this value (<= for mode min). "
+        "Default: chance + 10% of the way to a perfect score for a per-token accuracy of a known task, else "
+        "90% of the best cell mean.",
+    )
+    logistic_top: float | None = Field(
+        None,
+        description="Fix the logistic fit's ceiling at this value; default: fitted, within [the largest mean "
+        "at one depth, 1 or 100].",
+    )
+
+
 def _check_claim(text: str) -> str:
     parse_claim(text)  # a GrammarError (a ValueError) names the position of the problem
     return text
@@ -387,6 +403,9 @@ class Study(Strict):
         None,
         description="When a finished trial counts as failed, e.g. 'eval_exact_match < 0.2 or halt_collapsed' "
         "(failed trials always count).",
+    )
+    analysis: AnalysisSection | None = Field(
+        None, description="Options of `studyrunner analyze` and `report`: solve_threshold, logistic_top."
     )
     # How trials are run, not what they compute: never part of a cell config or hash either.
     divergence: Annotated[str, AfterValidator(_check_rule)] | None = Field(

@@ -613,6 +613,11 @@ class AnalysisFormat(StrEnum):
     csv = "csv"
 
 
+class FitInterval(StrEnum):
+    cr2 = "cr2"
+    bootstrap = "bootstrap"
+
+
 StudyArg = Annotated[
     str, typer.Argument(help="Study name (as last submitted) or study file (its claims and rule).", show_default=False)
 ]
@@ -645,6 +650,14 @@ def analyze(
             "[largest mean at one D, 1 or 100]].",
         ),
     ] = None,
+    ci: Annotated[
+        FitInterval,
+        typer.Option(
+            "--ci",
+            help="Interval of fit parameters, bands and %Gap: cr2 (t from the CR2 sandwich clustered by seed, "
+            "Bell-McCaffrey df; holds its level at 2-5 seeds) or bootstrap (percentiles of seed resamples).",
+        ),
+    ] = FitInterval.cr2,
     db: DbOpt = None,
     workspace: WorkspaceOpt = None,
     storage: StorageOpt = None,
@@ -654,7 +667,9 @@ def analyze(
     from .analysis.summary import analyze as run_analysis
 
     loaded = _load_study(study, db, workspace, storage)
-    result = run_analysis(loaded, metric=metric, by=by, threshold=threshold, logistic_top=logistic_top)
+    result = run_analysis(
+        loaded, metric=metric, by=by, threshold=threshold, logistic_top=logistic_top, ci=ci.value
+    )
     if format is AnalysisFormat.json:
         write_json(result.to_dict())
     elif format is AnalysisFormat.csv:

@@ -667,9 +667,7 @@ def analyze(
     from .analysis.summary import analyze as run_analysis
 
     loaded = _load_study(study, db, workspace, storage)
-    result = run_analysis(
-        loaded, metric=metric, by=by, threshold=threshold, logistic_top=logistic_top, ci=ci.value
-    )
+    result = run_analysis(loaded, metric=metric, by=by, threshold=threshold, logistic_top=logistic_top, ci=ci.value)
     if format is AnalysisFormat.json:
         write_json(result.to_dict())
     elif format is AnalysisFormat.csv:

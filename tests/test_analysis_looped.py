@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studyrunner.analysis import fits, stats
+from studyrunner.analysis import depth, fits, solve, stats
 from studyrunner.analysis.data import from_frame
 from studyrunner.analysis.summary import analyze
 
@@ -42,7 +42,7 @@ def frame(design=DESIGN, seeds=(0, 1, 2), baselines: dict | None = None, skew: f
 
 def test_equal_depth_pairs_looped_with_stacked_at_the_same_depth():
     data = from_frame(frame())
-    table = stats.equal_depth_comparisons(data)
+    table = depth.equal_depth_comparisons(data)
     pairs = {(r.looped, r.other): r for r in table.itertuples()}
     # 1x2 vs 2x1 (D=2), 1x4 vs 4x1 and 2x2 vs 4x1 (D=4); never a pair at different D or two looped cells
     assert set(pairs) == {("1x2", "2x1"), ("1x4", "4x1"), ("2x2", "4x1")}
@@ -61,7 +61,7 @@ def test_equal_depth_falls_back_to_welch_without_shared_seeds_and_follows_baseli
     df = df[~((df.cell == "4x1") & (df.seed == 0)) & ~((df.cell == "1x4") & (df.seed > 0))]  # one shared seed: none
     df = pd.concat([df, frame({(4, 1): 0.35}, seeds=(5, 6)).assign(baseline_of="iso_flop:b1l4")])
     data = from_frame(df)
-    table = stats.equal_depth_comparisons(data)
+    table = depth.equal_depth_comparisons(data)
     row = table[(table.looped == "1x4") & (table.other == "4x1")].iloc[0]
     assert row.kind == "1⊗4 vs 4⊗1, iso-flop"  # both structural and linked by baseline_of: one row
     assert row.method.startswith("Welch t (1 vs")
@@ -69,7 +69,7 @@ def test_equal_depth_falls_back_to_welch_without_shared_seeds_and_follows_baseli
     df2 = frame()
     df2 = df2[~((df2.cell == "4x1") & (df2.seed == 0))]
     df2.loc[df2.cell == "4x1", "seed"] += 10  # no seeds shared with 1x4
-    row2 = stats.equal_depth_comparisons(from_frame(df2)).query("looped == '1x4' and other == '4x1'").iloc[0]
+    row2 = depth.equal_depth_comparisons(from_frame(df2)).query("looped == '1x4' and other == '4x1'").iloc[0]
     a = df2[df2.cell == "1x4"].eval_accuracy.to_numpy()
     b = df2[df2.cell == "4x1"].eval_accuracy.to_numpy()
     va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
@@ -132,21 +132,21 @@ def test_analyze_takes_the_logistic_ceiling_from_the_study_file():
 
 def test_solve_threshold_sources():
     data = from_frame(frame())
-    value, source = stats.solve_threshold(data)
+    value, source = solve.solve_threshold(data)
     assert value == pytest.approx(0.25 + 0.1 * 0.75) and source.startswith("chance 0.25 = 1/4 (phop, alphabet 4)")
-    assert stats.chance_level(data) == (0.25, "1/4 (phop, alphabet 4)")
+    assert solve.chance_level(data) == (0.25, "1/4 (phop, alphabet 4)")
     data.analysis = {"solve_threshold": 0.3}
-    assert stats.solve_threshold(data) == (0.3, "study file (analysis.solve_threshold)")
-    assert stats.solve_threshold(data, threshold=0.5) == (0.5, "given (--threshold)")
+    assert solve.solve_threshold(data) == (0.3, "study file (analysis.solve_threshold)")
+    assert solve.solve_threshold(data, threshold=0.5) == (0.5, "given (--threshold)")
     other = from_frame(frame().assign(**{"task.name": "charlm"}))
-    value, source = stats.solve_threshold(other)
+    value, source = solve.solve_threshold(other)
     assert value == pytest.approx(0.9 * other.done.groupby("cell_hash").eval_accuracy.mean().max())
     assert source.startswith("90% of the best cell mean")
     loss = from_frame(frame().rename(columns={"eval_accuracy": "eval_loss"}), metric="eval_loss", mode="min")
-    assert stats.chance_level(loss) is None
-    assert "mode min" in stats.solve_threshold(loss)[1]
+    assert solve.chance_level(loss) is None
+    assert "mode min" in solve.solve_threshold(loss)[1]
     percent = from_frame(frame().assign(eval_accuracy=lambda d: 100 * d.eval_accuracy))
-    assert stats.chance_level(percent)[0] == pytest.approx(25.0)
+    assert solve.chance_level(percent)[0] == pytest.approx(25.0)
 
 
 def test_report_shows_equal_depth_families_interval_method_and_threshold_source():

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from statsmodels.stats.proportion import proportion_confint
 
-from studyrunner.analysis import fits, stats
+from studyrunner.analysis import depth, fits, stats
 from studyrunner.analysis.data import from_frame
 
 # Seed 002, i-GSM (1⊗L): D = 1, 2, 4, 8 -> accuracy (%)
@@ -161,7 +161,7 @@ def test_percent_gap_on_the_paper_table():
             {"cell_hash": "F", "cell": "24x1", "baseline_of": "iso_flop:L", column: flop},
         ]
         frame = pd.DataFrame([{**r, "trial_key": r["cell_hash"], "seed": 0, "status": "succeeded"} for r in rows])
-        table = fits.percent_gap(from_frame(frame, metric=column), column)
+        table = depth.percent_gap(from_frame(frame, metric=column), column)
         assert table.gap_pct.iloc[0] == pytest.approx(gap, abs=0.6)
 
 

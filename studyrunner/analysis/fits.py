@@ -46,7 +46,7 @@ from scipy.special import expit, logsumexp
 
 from . import robust
 from .data import StudyData, depth_at_loops, loops_columns
-from .stats import CONFIDENCE, SEED
+from .stats import CONFIDENCE, SEED, welch
 
 N_BOOT = 1000  # bootstrap refits (closed-form log-linear fits); nonlinear forms use NONLINEAR_BOOT
 NONLINEAR_BOOT = 200
@@ -444,13 +444,9 @@ def _two_point(x, y, clusters, confidence):
         d = (b[shared] - a[shared]).to_numpy(float) / dx
         df, se, how = len(d) - 1, d.std(ddof=1) / math.sqrt(len(d)), "paired t over shared seeds"
         est = float(d.mean())
-    elif len(a) >= 2 and len(b) >= 2:
-        va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-        if va + vb == 0:
-            return None
-        se = math.sqrt(va + vb) / dx
-        df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-        est, how = float(b.mean() - a.mean()) / dx, "Welch t"
+    elif (res := welch(b, a)) is not None:
+        est, se, df = res[0] / dx, res[1] / dx, res[2]
+        how = "Welch t"
     else:
         return None
     half = stats.t.ppf(0.5 + confidence / 2, df) * se
@@ -650,85 +646,6 @@ def _ratio_interval(f: Fit, r: Fit, param: str) -> tuple[float, float]:
         return math.nan, math.nan
     half = stats.t.ppf(0.5 + CONFIDENCE / 2, df) * se
     return float(pf / pr * math.exp(-half)), float(pf / pr * math.exp(half))
-
-
-def percent_gap(
-    data: StudyData, metric: str | None = None, ci: str | None = None, n_boot: int = N_BOOT
-) -> pd.DataFrame:
-    """Seed 002's %Gap for every looped cell with iso-param and iso-FLOP baselines:
-    100 · (looped − iso_param) / (iso_flop − iso_param), on cell means. Interval: the delta method with
-    Welch-Satterthwaite degrees of freedom (every cell needs 2+ seeds), or with `ci="bootstrap"` the
-    percentiles of independent resamples of each cell's seeds (at 2 seeds a cell these hardly vary)."""
-    metric = metric or data.metric
-    done = data.done
-    if metric not in done or "baseline_of" not in done:
-        return pd.DataFrame()
-    by_kind: dict[str, dict[str, str]] = {}
-    for _, row in done.drop_duplicates("cell_hash").iterrows():
-        for part in str(row.baseline_of or "").split(","):
-            if ":" in part:
-                kind, looped = part.split(":", 1)
-                by_kind.setdefault(looped, {})[kind] = row.cell_hash
-    rows = []
-    for looped, kinds in by_kind.items():
-        if "iso_param" not in kinds or "iso_flop" not in kinds:
-            continue
-        vals = [
-            done.loc[done.cell_hash == h, metric].dropna().to_numpy(float)
-            for h in (looped, *[kinds[k] for k in ("iso_param", "iso_flop")])
-        ]
-        if any(not len(v) for v in vals):
-            continue
-        loop, param, flop = (v.mean() for v in vals)
-        gap = 100 * (loop - param) / (flop - param) if flop != param else math.nan
-        if (ci or DEFAULT_CI) == "bootstrap":
-            lo, hi = _gap_bootstrap(vals, n_boot)
-            method = "bootstrap"
-        else:
-            lo, hi = _gap_delta(vals)
-            method = "delta, Welch df"
-        label = done.loc[done.cell_hash == looped, "cell"]
-        rows.append(
-            {
-                "cell": label.iloc[0] if len(label) else looped,
-                "looped": loop,
-                "iso_param": param,
-                "iso_flop": flop,
-                "gap_pct": gap,
-                "gap_lo": float(lo),
-                "gap_hi": float(hi),
-                "ci": method,
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-def _gap_delta(vals: list[np.ndarray]) -> tuple[float, float]:
-    if any(len(v) < 2 for v in vals):
-        return math.nan, math.nan
-    loop, param, flop = (v.mean() for v in vals)
-    span = flop - param
-    if span == 0:
-        return math.nan, math.nan
-    grad = 100 * np.array([1 / span, (loop - flop) / span**2, -(loop - param) / span**2])
-    parts = np.array([g**2 * v.var(ddof=1) / len(v) for g, v in zip(grad, vals, strict=True)])
-    if parts.sum() == 0:
-        gap = 100 * (loop - param) / span
-        return gap, gap
-    df = parts.sum() ** 2 / sum(p**2 / (len(v) - 1) for p, v in zip(parts, vals, strict=True))
-    gap, half = 100 * (loop - param) / span, stats.t.ppf(0.5 + CONFIDENCE / 2, df) * math.sqrt(parts.sum())
-    return gap - half, gap + half
-
-
-def _gap_bootstrap(vals: list[np.ndarray], n_boot: int) -> tuple[float, float]:
-    rng = np.random.default_rng(SEED)
-    draws = []
-    if n_boot and any(len(v) > 1 for v in vals):
-        for _ in range(n_boot):
-            lp, pp, fp = (v[rng.integers(0, len(v), len(v))].mean() for v in vals)
-            if fp != pp:
-                draws.append(100 * (lp - pp) / (fp - pp))
-    return tuple(np.quantile(draws, [0.025, 0.975])) if draws else (math.nan, math.nan)
 
 
 def failure_vs_depth(data: StudyData) -> dict[str, float]:

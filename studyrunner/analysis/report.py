@@ -150,7 +150,8 @@ def profile_plot(a: Analysis) -> str | None:
 
 def _cell_points(a: Analysis, points: pd.DataFrame) -> pd.DataFrame:
     """Per (cell, D): the mean of the points, its 95% t-interval, and the cell's family (looped/stacked)."""
-    from .stats import cell_frame, depth_family, t_interval
+    from .depth import cell_frame, depth_family
+    from .stats import t_interval
 
     cells = cell_frame(a.data)
     family = depth_family(cells) if len(cells) else pd.Series(dtype=str)

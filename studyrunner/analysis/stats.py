@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -315,272 +314,27 @@ def paired_comparisons(data: StudyData, metric: str | None = None, limit: int = 
     return pd.DataFrame(rows)
 
 
-LOOPS = "model.params.loops"
-BLOCK_LAYERS = "model.params.block_layers"
+def welch(a, b) -> tuple[float, float, float] | None:
+    """(mean(a) − mean(b), its standard error, Welch-Satterthwaite df); None when either side has fewer
+    than 2 values or neither has spread."""
+    a, b = _clean(a), _clean(b)
+    if len(a) < 2 or len(b) < 2:
+        return None
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    if va + vb == 0:
+        return None
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return float(a.mean() - b.mean()), math.sqrt(va + vb), float(df)
 
 
 def welch_interval(a, b, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Welch t-interval of mean(a) − mean(b) (unequal variances, Welch-Satterthwaite df); NaN when
-    either side has fewer than 2 values or both have no spread."""
-    a, b = _clean(a), _clean(b)
-    if len(a) < 2 or len(b) < 2:
+    """Welch t-interval of mean(a) − mean(b); NaN where `welch` has none."""
+    res = welch(a, b)
+    if res is None:
         return (math.nan, math.nan)
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    se = math.sqrt(va + vb)
-    if se == 0:
-        return (math.nan, math.nan)
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    diff, se, df = res
     half = stats.t.ppf(0.5 + confidence / 2, df) * se
-    diff = a.mean() - b.mean()
     return (float(diff - half), float(diff + half))
-
-
-def gap_interval(looped: pd.Series, other: pd.Series, mode: str = "max", confidence: float = CONFIDENCE) -> dict:
-    """looped − other (Series indexed by seed): a paired t-interval over shared seeds when at least two
-    seeds are shared, else a Welch t-interval over all seeds of each."""
-    looped, other = looped.dropna(), other.dropna()
-    pair = paired_difference(looped, other, confidence)
-    sign = 1 if mode == "max" else -1
-    p_better = probability_of_improvement(sign * looped, sign * other)
-    if pair["pairs"] >= 2:
-        diff, (lo, hi), method = pair["diff"], (pair["t_lo"], pair["t_hi"]), f"paired t ({pair['pairs']} seeds)"
-    else:
-        diff = float(looped.mean() - other.mean()) if len(looped) and len(other) else math.nan
-        lo, hi = welch_interval(looped, other, confidence)
-        method = f"Welch t ({len(looped)} vs {len(other)} seeds)"
-    return {"diff": diff, "lo": lo, "hi": hi, "method": method, "p_looped_better": p_better}
-
-
-def cell_frame(data: StudyData) -> pd.DataFrame:
-    """One row per finished cell: its config, `D` (nominal effective depth: the median over its seeds of
-    the model's k·L, before any halting fraction), loops and block_layers (NaN without them)."""
-    done = data.done
-    if done.empty:
-        return pd.DataFrame()
-    cells = done.drop_duplicates("cell_hash").set_index("cell_hash")
-    source = "effective_depth" if "effective_depth" in done else "depth"
-    cells["D"] = done.groupby("cell_hash")[source].median().reindex(cells.index)
-    cells["D"] = cells["D"].fillna(done.groupby("cell_hash")["depth"].median().reindex(cells.index))
-    for col in (LOOPS, BLOCK_LAYERS):
-        cells[col] = pd.to_numeric(cells[col], errors="coerce") if col in cells else math.nan
-    order = [h for h in data.cells_order if h in cells.index]
-    return cells.loc[order + [h for h in cells.index if h not in order]]
-
-
-def equal_depth_comparisons(data: StudyData, metric: str | None = None) -> pd.DataFrame:
-    """Looped vs stacked at equal effective depth: every looped cell (loops > 1) against each unlooped
-    cell (loops = 1) of the same D whose other axes match (1⊗4 vs 4⊗1, 2⊗2 vs 4⊗1), and against its
-    iso-param / iso-FLOP baselines (`baseline_of`). `diff` = looped − other in metric units, with a
-    paired t-interval over shared seeds (Welch when fewer than two are shared)."""
-    metric = metric or data.metric
-    cells = cell_frame(data)
-    if cells.empty or metric not in data.done or cells[LOOPS].isna().all():
-        return pd.DataFrame()
-    done = data.done
-    other_axes = [c for c in data.varied_columns if c not in (LOOPS, BLOCK_LAYERS)]
-    looped = cells[cells[LOOPS] > 1]
-    stacked = cells[cells[LOOPS] == 1]
-
-    def values(h):
-        return done[done.cell_hash == h].set_index("seed")[metric]
-
-    rows = []
-    for h1, a in looped.iterrows():
-        kinds: dict[str, list[str]] = {}  # other cell -> how it relates to the looped one
-        for h2, b in stacked.iterrows():
-            same_depth = np.isfinite(a.D) and np.isfinite(b.D) and math.isclose(a.D, b.D, rel_tol=1e-6)
-            if same_depth and all(str(a[c]) == str(b[c]) for c in other_axes if not str(b.baseline)):
-                kind = "stacked, same D"
-                if np.isfinite(a[BLOCK_LAYERS]) and np.isfinite(b[BLOCK_LAYERS]):
-                    kind = f"{int(a[BLOCK_LAYERS])}⊗{int(a[LOOPS])} vs {int(b[BLOCK_LAYERS])}⊗1"
-                kinds.setdefault(h2, []).append(kind)
-        for h2, b in cells.iterrows():
-            for part in str(b.get("baseline_of") or "").split(","):
-                kind, _, target = part.partition(":")
-                if target == h1:
-                    kinds.setdefault(h2, []).append(kind.replace("_", "-"))
-        for h2, labels in kinds.items():
-            b = cells.loc[h2]
-            res = gap_interval(values(h1), values(h2), data.mode)
-            rows.append(
-                {
-                    "D": float(a.D),
-                    "looped": a.cell,
-                    "other": b.cell,
-                    "other_D": float(b.D),
-                    "kind": ", ".join(dict.fromkeys(labels)),
-                    "looped_mean": float(values(h1).mean()),
-                    "other_mean": float(values(h2).mean()),
-                    "diff": res["diff"],
-                    "lo": res["lo"],
-                    "hi": res["hi"],
-                    "method": res["method"],
-                    "p_looped_better": res["p_looped_better"],
-                }
-            )
-    return pd.DataFrame(rows)
-
-
-def depth_family(cells: pd.DataFrame) -> pd.Series:
-    """Per cell (cell_frame rows): "looped" for the looped lines (loops > 1, plus the loops = 1 cell a
-    line starts from: a block_layers value whose loops vary), "stacked" for every loops = 1 cell
-    (iso-param / iso-FLOP baselines included), "looped,stacked" for a cell on both; "" without loops."""
-
-    def family(row) -> str:
-        if not np.isfinite(row[LOOPS]):
-            return ""
-        same_block = cells[cells[BLOCK_LAYERS] == row[BLOCK_LAYERS]]
-        kinds = []
-        if row[LOOPS] > 1 or (same_block[LOOPS] > 1).any():
-            kinds.append("looped")
-        if row[LOOPS] == 1:
-            kinds.append("stacked")
-        return ",".join(kinds)
-
-    return cells.apply(family, axis=1) if len(cells) else pd.Series(dtype=str)
-
-
-# --- curves ---------------------------------------------------------------------------------------
-
-
-def time_to_solve(data: StudyData, metric: str | None = None, threshold: float | None = None) -> pd.DataFrame:
-    """Per trial: the first step at which `metric` reaches `threshold` (>= for mode max, <= for min), or
-    the last logged step, censored, when it never does. Default threshold: `solve_threshold` (the study
-    file's `analysis.solve_threshold`, else chance plus a margin, else 90% of the best cell mean)."""
-    metric = metric or data.metric
-    curves = data.curves
-    if metric not in curves or curves.empty:
-        return pd.DataFrame(columns=["trial_key", "cell", "seed", "step", "solved"])
-    threshold, source = solve_threshold(data, metric, threshold)
-    rows = []
-    done = data.done.set_index("trial_key")
-    for key, curve in curves.dropna(subset=[metric]).groupby("trial_key"):
-        if key not in done.index:
-            continue
-        curve = curve.sort_values("step")
-        hit = curve[metric] >= threshold if data.mode == "max" else curve[metric] <= threshold
-        solved = bool(hit.any())
-        step = int(curve.step[hit].iloc[0]) if solved else int(curve.step.iloc[-1])
-        rows.append(
-            {
-                "trial_key": key,
-                "cell_hash": done.loc[key, "cell_hash"],
-                "cell": done.loc[key, "cell"],
-                "seed": int(done.loc[key, "seed"]),
-                "step": step,
-                "solved": solved,
-                "threshold": threshold,
-                "threshold_source": source,
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-def default_threshold(data: StudyData, metric: str) -> float:
-    """The old rule: 90% of the best cell mean (mode max), 110% of the best (lowest) for mode min."""
-    means = data.done.groupby("cell_hash")[metric].mean().dropna() if metric in data.done else pd.Series()
-    if means.empty:
-        return math.nan
-    return float(0.9 * means.max()) if data.mode == "max" else float(1.1 * means.min())
-
-
-# Chance level of a per-token accuracy, per task: 1 / (the answer symbols) from the task's parameters.
-CHANCE_SYMBOLS = {
-    "phop": ("alphabet", None),
-    "mqar": ("values", None),
-    "recall": ("values", None),
-    "var_assign": ("values", None),
-    "sudoku": ("size", None),
-    "igsm": ("modulus", None),
-    "addition": (None, 10),  # answer digits
-}
-SOLVE_MARGIN = 0.1  # default solve threshold: chance + 10% of the way from chance to a perfect score
-_ACCURACY = re.compile(r"(^|_)accuracy$")
-
-
-def chance_level(data: StudyData, metric: str | None = None) -> tuple[float, str] | None:
-    """(chance, how it was found) of a per-token accuracy metric (`*_accuracy`) for the study's task:
-    1 / the number of answer symbols (phop: alphabet, mqar / recall / var_assign: values, sudoku: size,
-    igsm: modulus, addition: 10 digits). On a 0-100 scale when the metric's values exceed 1. None when
-    unknown (another metric, another task, or cells whose chance differs)."""
-    metric = metric or data.metric
-    trials = data.trials
-    if not _ACCURACY.search(metric) or "task.name" not in trials or trials.empty:
-        return None
-    levels = set()
-    for _, row in trials.drop_duplicates("cell_hash").iterrows():
-        task = str(row["task.name"])
-        if task not in CHANCE_SYMBOLS:
-            return None
-        param, fixed = CHANCE_SYMBOLS[task]
-        n = fixed if param is None else row.get(f"task.params.{param}")
-        if n is None or pd.isna(n) or float(n) < 2:
-            return None
-        levels.add((task, param, int(n)))
-    if len(levels) != 1:
-        return None
-    task, param, n = levels.pop()
-    chance = 1.0 / n
-    values = _clean(data.done[metric]) if metric in data.done else np.empty(0)
-    scale = 100.0 if len(values) and values.max() > 1.0 else 1.0
-    how = f"1/{n} ({task}{f', {param} {n}' if param else ' digits'})"
-    return chance * scale, how
-
-
-def solve_threshold(data: StudyData, metric: str | None = None, threshold: float | None = None) -> tuple[float, str]:
-    """(threshold, where it came from) for time to solve: the given one; the study file's
-    `analysis.solve_threshold` (for the study metric); chance + SOLVE_MARGIN of the way to a perfect
-    score (mode max, a per-token accuracy of a known task); else 90% of the best cell mean (110% for
-    mode min), which moves with the results and is said to."""
-    metric = metric or data.metric
-    if threshold is not None:
-        return float(threshold), "given (--threshold)"
-    configured = (data.analysis or {}).get("solve_threshold")
-    if configured is not None and metric == data.metric:
-        return float(configured), "study file (analysis.solve_threshold)"
-    chance = chance_level(data, metric) if data.mode == "max" else None
-    if chance is not None:
-        level, how = chance
-        top = 100.0 if level > 1.0 else 1.0
-        pct = f"{100 * SOLVE_MARGIN:g}%"
-        return level + SOLVE_MARGIN * (top - level), f"chance {level:.3g} = {how} + {pct} of the way to {top:g}"
-    value = default_threshold(data, metric)
-    if data.mode == "min":
-        return value, "110% of the best cell mean (mode min: no chance level; set analysis.solve_threshold)"
-    return value, "90% of the best cell mean (no chance level known; set analysis.solve_threshold)"
-
-
-def time_to_solve_summary(per_trial: pd.DataFrame, cells_order: list[str] | None = None) -> pd.DataFrame:
-    """Per cell: seeds solved of n, and the Kaplan-Meier median step to solve (`scipy.stats.ecdf` on
-    censored data; NaN when fewer than half the seeds solve)."""
-    rows = []
-    order = list(dict.fromkeys(per_trial.cell_hash))
-    if cells_order:
-        order = [h for h in cells_order if h in set(order)] + [h for h in order if h not in set(cells_order)]
-    for cell_hash in order:
-        group = per_trial[per_trial.cell_hash == cell_hash]
-        solved = group[group.solved].step.to_numpy(float)
-        censored = group[~group.solved].step.to_numpy(float)
-        median = math.nan
-        if len(solved):
-            sample = stats.CensoredData(uncensored=solved, right=censored)
-            sf = stats.ecdf(sample).sf
-            below = sf.quantiles[sf.probabilities <= 0.5]
-            median = float(below[0]) if len(below) else math.nan
-        rows.append(
-            {
-                "cell": group.cell.iloc[0],
-                "cell_hash": cell_hash,
-                "solved": int(group.solved.sum()),
-                "seeds": len(group),
-                "median_step": median,
-                "first_step": float(solved.min()) if len(solved) else math.nan,
-                "last_step": float(solved.max()) if len(solved) else math.nan,
-                "threshold": float(group.threshold.iloc[0]),
-                "threshold_source": group.threshold_source.iloc[0] if "threshold_source" in group else "",
-            }
-        )
-    return pd.DataFrame(rows)
 
 
 def performance_profile(data: StudyData, metric: str | None = None, taus: np.ndarray | None = None) -> pd.DataFrame:

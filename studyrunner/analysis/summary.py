@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from . import claims as claims_mod
+from . import depth, solve
 from . import fits as fits_mod
 from . import stats as stats_mod
 from .data import StudyData
@@ -160,7 +161,7 @@ def analyze(
     if logistic_top is None:
         logistic_top = data.analysis.get("logistic_top")
     out.logistic_top = logistic_top
-    chance = stats_mod.chance_level(data, metric)
+    chance = solve.chance_level(data, metric)
     if chance is not None:
         out.chance, out.chance_source = chance
     if data.done.empty:
@@ -181,49 +182,20 @@ def analyze(
     loops_points = fits_mod.scaling_points(data, metric, source="loops")
     if len(loops_points) and loops_points.depth.nunique() >= 2:
         out.loops_fits = fits_mod.fit_forms(loops_points, forms, strata="depth", top=logistic_top, ci=ci)
-    out.gap = fits_mod.percent_gap(data, metric, ci=ci)
+    out.gap = depth.percent_gap(data, metric, ci=ci)
     out.paired = stats_mod.paired_comparisons(data, metric)
-    out.equal_depth = stats_mod.equal_depth_comparisons(data, metric)
-    out.families = family_fits(data, points, out.gap, ci=ci)
-    out.threshold, out.threshold_source = stats_mod.solve_threshold(data, metric, threshold)
-    out.time_to_solve = stats_mod.time_to_solve(data, metric, out.threshold)
+    out.equal_depth = depth.equal_depth_comparisons(data, metric)
+    out.families = depth.family_fits(data, points, out.gap, ci=ci)
+    out.threshold, out.threshold_source = solve.solve_threshold(data, metric, threshold)
+    out.time_to_solve = solve.time_to_solve(data, metric, out.threshold)
     if len(out.time_to_solve):
         out.time_to_solve["threshold_source"] = out.threshold_source
     if len(out.time_to_solve):
-        out.time_to_solve_cells = stats_mod.time_to_solve_summary(out.time_to_solve, data.cells_order)
+        out.time_to_solve_cells = solve.time_to_solve_summary(out.time_to_solve, data.cells_order)
     out.failure_depth = fits_mod.failure_vs_depth(data)
     if with_claims and data.claims:
         out.verdicts = claims_mod.verify(data)
     return out
-
-
-def family_fits(data: StudyData, points: pd.DataFrame, gap: pd.DataFrame, ci: str | None = None) -> pd.DataFrame:
-    """Log-linear fits of the metric against D per family of cells: the looped lines (loops > 1 and the
-    loops = 1 cells they start from) and the stacked cells (loops = 1), as separate lines, with the slope
-    ratio α_looped / α_stacked; the looped row carries the mean %Gap of its cells with baselines."""
-    cells = stats_mod.cell_frame(data)
-    if cells.empty or points.empty or cells[stats_mod.LOOPS].isna().all():
-        return pd.DataFrame()
-    family = stats_mod.depth_family(cells)
-    parts = []
-    for kind in ("stacked", "looped"):
-        members = family.index[family.str.split(",").map(lambda kinds, kind=kind: kind in kinds)]
-        part = points[points.cell_hash.isin(members)]
-        if part.depth.nunique() >= 2:
-            parts.append(part.assign(family=kind))
-    if len(parts) < 1:
-        return pd.DataFrame()
-    table = fits_mod.fit_groups(pd.concat(parts, ignore_index=True), "family", ref="stacked", ci=ci)
-    if table.empty:
-        return table
-    table["cells"] = [
-        int(family.str.split(",").map(lambda kinds, kind=kind: kind in kinds).sum()) for kind in table.family
-    ]
-    table["gap_pct"] = [
-        float(gap.gap_pct.mean()) if kind == "looped" and len(gap) else math.nan for kind in table.family
-    ]
-    table["gap_cells"] = [len(gap) if kind == "looped" else 0 for kind in table.family]
-    return table
 
 
 def fmt(value, digits: int = 4) -> str:

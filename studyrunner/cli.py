@@ -702,6 +702,8 @@ def verify(
 
     loaded = _load_study(study, db, workspace, storage)
     if not loaded.claims:
+        if loaded.spec_error:
+            raise StudyrunnerError(loaded.spec_error)
         raise StudyrunnerError(f"study {loaded.name!r} declares no claims; add a `claims:` list to its study file")
     verdicts = analysis_claims.verify(loaded, holm=holm)
     table = analysis_claims.verdict_table(verdicts, holm=holm)

@@ -251,3 +251,20 @@ def test_a_slope_over_two_depths_agrees_with_the_pairwise_claim(drop_seed):
     assert "paired t" in slope.test and "paired t" in pair.test
     assert (slope.lo * math.log(4), slope.hi * math.log(4)) == pytest.approx((pair.lo, pair.hi))
     assert slope.verdict == pair.verdict
+
+
+def test_a_stored_study_file_this_version_cannot_read_is_named_not_taken_for_no_claims(tmp_path):
+    """A ledger written by another studyrunner may hold a study file today's schema rejects: `verify NAME`
+    says so and how to mend it, instead of 'declares no claims' (its claims are unknown, not absent)."""
+    import sqlite3
+
+    db, _, _ = build(tmp_path, loglinear_outcome(), extra='claims: ["eval_accuracy[loops=8] > 0.1"]\n')
+    with sqlite3.connect(tmp_path / "ledger.db") as con:
+        con.execute("UPDATE studies SET spec_text = spec_text || 'a_field_from_the_future: 1\n'")
+    data = data_mod.load("synth", db=db, workspace=tmp_path)
+    assert data.spec_error and "does not load with this studyrunner" in data.spec_error
+    assert data.spec_error in data.warnings and data.claims == []
+    result = runner.invoke(app, ["verify", "synth", "--db", db, "--workspace", str(tmp_path)])
+    assert result.exit_code != 0
+    assert "pass the study file instead of the name" in output(result)
+    assert "declares no claims" not in output(result)

@@ -55,6 +55,8 @@ class StudyData:
     search: pd.DataFrame = field(default_factory=pd.DataFrame)
     # The study file's `analysis:` options (solve_threshold, logistic_top); empty when it has none.
     analysis: dict[str, Any] = field(default_factory=dict)
+    # Why the study file stored in the ledger could not be read (then claims, rule and metric are unknown).
+    spec_error: str = ""
 
     # --- derived views ----------------------------------------------------------------------------
 
@@ -209,8 +211,9 @@ def load(
     else:
         name = study
     row = ledger.get_study(name)
+    spec_error = ""
     if spec is None:
-        spec, compiled = _spec_from_text(row.spec_text, name)
+        spec, compiled, spec_error = _spec_from_text(row.spec_text, name)
     trials = trials_frame(ledger, name)
     rule_text = failure if failure is not None else getattr(spec, "failure", None)
     try:
@@ -245,9 +248,13 @@ def load(
         source=str(path) if path.is_file() else f"ledger {ws.db_url}",
         curve_store=CurveStore(ws.storage),
         cells_order=order,
-        warnings=[*filter(None, [ledger.read_note]), *mixed_code_versions(trials, ledger.provenance(name))],
+        warnings=[
+            *filter(None, [ledger.read_note, spec_error]),
+            *mixed_code_versions(trials, ledger.provenance(name)),
+        ],
         search=search if search is not None else pd.DataFrame(),
         analysis=_analysis_options(spec),
+        spec_error=spec_error,
     )
 
 
@@ -281,17 +288,26 @@ def mixed_code_versions(trials: pd.DataFrame, provenance: dict[str, dict[str, An
 
 
 def _spec_from_text(text: str, name: str):
-    """The stored study file, parsed and compiled; None when today's schema no longer accepts it."""
+    """(spec, compiled, error): the stored study file, parsed and compiled; spec None and the reason when
+    today's schema no longer accepts it (claims, rule and metric then come from nowhere: say so)."""
     from ..spec import compile_study, loads
 
     try:
         spec = loads(text, source=f"<study {name} in the ledger>")
-    except SpecError:
-        return None, None
+    except SpecError as exc:
+        first = (str(exc).strip().splitlines() or ["unreadable"])[0]
+        return (
+            None,
+            None,
+            (
+                f"the study file stored for {name!r} does not load with this studyrunner ({first}); its claims, "
+                "failure rule and metric are unknown: pass the study file instead of the name"
+            ),
+        )
     try:
-        return spec, compile_study(spec)
+        return spec, compile_study(spec), ""
     except SpecError:
-        return spec, None
+        return spec, None, ""
 
 
 def from_frame(

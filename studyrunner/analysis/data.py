@@ -17,11 +17,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from ..errors import SpecError, StudyrunnerError
-from ..spec.claims_grammar import GrammarError, Rule, parse_rule
+from ..spec.claims_grammar import GrammarError, Rule, parse_rule, values_equal
 from ..store import CurveStore, Ledger
 from .search import search_frame
 
@@ -115,17 +114,6 @@ class StudyData:
             column = self.column_for(key)
             mask &= frame[column].map(lambda v, value=value: values_equal(v, value))
         return frame[mask]
-
-
-def values_equal(a: Any, b: Any) -> bool:
-    """A config value equals a selector value: numbers numerically (4 == 4.0), bools as bools, else text."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b or (isinstance(a, bool) and isinstance(b, bool) and a == b)
-    if b is None:
-        return a is None or (isinstance(a, float) and math.isnan(a))
-    if isinstance(a, int | float | np.integer | np.floating) and isinstance(b, int | float):
-        return float(a) == float(b)
-    return str(a) == str(b)
 
 
 def effective_depth(row: pd.Series) -> float:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .claims_grammar import Number, parse_claim
+from .claims_grammar import Number, parse_claim, values_equal
 from .errors import spec_error
 
 if TYPE_CHECKING:
@@ -24,12 +24,6 @@ if TYPE_CHECKING:
 # Short selector keys and the flattened-config paths they stand for (analysis.data.ALIASES).
 ALIASES = {"family": "model.family", "task": "task.name"}
 SPECIAL = ("cell", "baseline", "seed")
-
-
-def _equal(a: Any, b: Any) -> bool:
-    from ..analysis.data import values_equal
-
-    return values_equal(a, b)
 
 
 def check_claims(compiled: CompiledStudy, reports: Callable[[str], bool], reported: Callable[[], set[str]]) -> None:
@@ -67,7 +61,7 @@ def check_claims(compiled: CompiledStudy, reports: Callable[[str], bool], report
                     known = [c.label for c in compiled.cells]
                 else:
                     known = list(dict.fromkeys(f.get(column) for f in flat))
-                if not any(_equal(k, value) for k in known):
+                if not any(values_equal(k, value) for k in known):
                     shown = ", ".join(repr(k) if isinstance(k, str) else str(k) for k in known[:12])
                     fail(f"no cell has {key}={value!r}; the study's values of {column}: {shown}")
         for side, other in ((claim.lhs, claim.rhs), (claim.rhs, claim.lhs)):

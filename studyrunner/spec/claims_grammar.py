@@ -40,6 +40,7 @@ e.g. ``eval_exact_match < 0.2 or halt_collapsed``.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -439,3 +440,14 @@ class _RuleParser(_Parser):
 def parse_rule(text: str) -> Rule:
     """Parse a `failure:` rule; raises GrammarError naming the position of the problem."""
     return _RuleParser(text).rule()
+
+
+def values_equal(a: Any, b: Any) -> bool:
+    """A config value equals a selector value: numbers numerically (4 == 4.0), bools as bools, else text."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b or (isinstance(a, bool) and isinstance(b, bool) and a == b)
+    if b is None:
+        return a is None or (isinstance(a, float) and math.isnan(a))
+    if isinstance(a, numbers.Real) and isinstance(b, int | float):
+        return float(a) == float(b)
+    return str(a) == str(b)

@@ -16,26 +16,24 @@ from scipy import stats
 
 from . import fits
 from .data import StudyData
-from .stats import CONFIDENCE, SEED, paired_difference, probability_of_improvement, welch_interval
+from .stats import CONFIDENCE, SEED, probability_of_improvement, seed_difference
 
 LOOPS = "model.params.loops"
 BLOCK_LAYERS = "model.params.block_layers"
 
 
 def gap_interval(looped: pd.Series, other: pd.Series, mode: str = "max", confidence: float = CONFIDENCE) -> dict:
-    """looped − other (Series indexed by seed): a paired t-interval over shared seeds when at least two
-    seeds are shared, else a Welch t-interval over all seeds of each."""
+    """looped − other (Series indexed by seed) by `stats.seed_difference` (paired t over 2+ shared seeds,
+    else Welch), with the probability that looped is the better one."""
     looped, other = looped.dropna(), other.dropna()
-    pair = paired_difference(looped, other, confidence)
     sign = 1 if mode == "max" else -1
     p_better = probability_of_improvement(sign * looped, sign * other)
-    if pair["pairs"] >= 2:
-        diff, (lo, hi), method = pair["diff"], (pair["t_lo"], pair["t_hi"]), f"paired t ({pair['pairs']} seeds)"
-    else:
+    res = seed_difference(looped, other, confidence)
+    if res is None:
         diff = float(looped.mean() - other.mean()) if len(looped) and len(other) else math.nan
-        lo, hi = welch_interval(looped, other, confidence)
-        method = f"Welch t ({len(looped)} vs {len(other)} seeds)"
-    return {"diff": diff, "lo": lo, "hi": hi, "method": method, "p_looped_better": p_better}
+        method = f"Welch t ({len(looped)} vs {len(other)} seeds)"  # too few seeds a side: no interval
+        return {"diff": diff, "lo": math.nan, "hi": math.nan, "method": method, "p_looped_better": p_better}
+    return {**{k: res[k] for k in ("diff", "lo", "hi", "method")}, "p_looped_better": p_better}
 
 
 def cell_frame(data: StudyData) -> pd.DataFrame:

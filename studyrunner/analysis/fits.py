@@ -46,7 +46,7 @@ from scipy.special import expit, logsumexp
 
 from . import robust
 from .data import StudyData, depth_at_loops, loops_columns
-from .stats import CONFIDENCE, SEED, welch
+from .stats import CONFIDENCE, SEED, seed_difference
 
 N_BOOT = 1000  # bootstrap refits (closed-form log-linear fits); nonlinear forms use NONLINEAR_BOOT
 NONLINEAR_BOOT = 200
@@ -433,24 +433,17 @@ def _robust(out: Fit, f: Form, res, lx, clusters, confidence) -> None:
 
 
 def _two_point(x, y, clusters, confidence):
-    """Two distinct x: the slope is (ȳ₂ − ȳ₁)/Δx; its interval is the pairwise comparison's (claims.py):
-    the paired t over the seeds both x share (one point per seed and x, 2+ shared), else Welch."""
+    """Two distinct x: the slope is (ȳ₂ − ȳ₁)/Δx, and its interval is the pairwise comparison's
+    (`stats.seed_difference`: paired t over shared seeds, else Welch) over Δx."""
     x1, x2 = np.unique(x)
-    a = pd.Series(y[x == x1], index=np.asarray(clusters)[x == x1])
-    b = pd.Series(y[x == x2], index=np.asarray(clusters)[x == x2])
-    dx = x2 - x1
-    shared = a.index.intersection(b.index)
-    if a.index.is_unique and b.index.is_unique and len(shared) >= 2:
-        d = (b[shared] - a[shared]).to_numpy(float) / dx
-        df, se, how = len(d) - 1, d.std(ddof=1) / math.sqrt(len(d)), "paired t over shared seeds"
-        est = float(d.mean())
-    elif (res := welch(b, a)) is not None:
-        est, se, df = res[0] / dx, res[1] / dx, res[2]
-        how = "Welch t"
-    else:
+    seeds = np.asarray(clusters)
+    res = seed_difference(
+        pd.Series(y[x == x2], index=seeds[x == x2]), pd.Series(y[x == x1], index=seeds[x == x1]), confidence
+    )
+    if res is None:
         return None
-    half = stats.t.ppf(0.5 + confidence / 2, df) * se
-    return est - half, est + half, float(df), f"two depths: {how}"
+    dx = x2 - x1
+    return res["lo"] / dx, res["hi"] / dx, res["df"], f"two depths: {res['method']}"
 
 
 def _bound_flags(form: Form, theta: np.ndarray, lx: np.ndarray, y: np.ndarray) -> list[str]:

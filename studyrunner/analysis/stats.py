@@ -274,6 +274,25 @@ def paired_difference(a: pd.Series, b: pd.Series, confidence: float = CONFIDENCE
     return out
 
 
+def seed_difference(a: pd.Series, b: pd.Series, confidence: float = CONFIDENCE) -> dict | None:
+    """mean(a) − mean(b) for values indexed by seed, by the rule every two-sample comparison here follows
+    (a two-depth slope, looped vs stacked, a pairwise claim): the paired t over the seeds both share when
+    2+ are shared (same seed, same initialisation and data), else Welch's t over all seeds of each.
+    {diff, se, df, lo, hi, method}; None when neither gives an interval."""
+    a, b = a.dropna(), b.dropna()
+    shared = a.index.intersection(b.index)
+    if a.index.is_unique and b.index.is_unique and len(shared) >= 2:
+        d = (a[shared] - b[shared]).to_numpy(float)
+        diff, se, df = float(d.mean()), float(d.std(ddof=1)) / math.sqrt(len(d)), float(len(d) - 1)
+        method = f"paired t ({len(d)} seeds)"
+    elif (res := welch(a, b)) is not None:
+        (diff, se, df), method = res, f"Welch t ({len(a)} vs {len(b)} seeds)"
+    else:
+        return None
+    half = stats.t.ppf(0.5 + confidence / 2, df) * se
+    return {"diff": diff, "se": se, "df": df, "lo": diff - half, "hi": diff + half, "method": method}
+
+
 def paired_comparisons(data: StudyData, metric: str | None = None, limit: int = 200) -> pd.DataFrame:
     """Cells that differ in one axis (or a baseline and its looped cell), compared over shared seeds."""
     metric = metric or data.metric

@@ -32,7 +32,7 @@ _EXPORTS = {
     "equal_depth_comparisons": "depth",
     "solve_threshold": "solve",
     "chance_level": "solve",
-    "welch_interval": "stats",
+    "seed_difference": "stats",
     "family_fits": "depth",
     "Fit": "fits",
     "fit": "fits",

@@ -56,7 +56,7 @@ from scipy import stats as sps
 
 from ..errors import StudyrunnerError
 from ..spec.claims_grammar import Claim, GrammarError, Number, Quantity, parse_claim
-from . import fits
+from . import fits, robust
 from .data import StudyData
 from .stats import (
     CONFIDENCE,
@@ -290,7 +290,7 @@ def _evaluate(data: StudyData, claim: Claim) -> Verdict:
             f = _slope_fit(data, lhs, _rows(data, lhs))
             v.lhs = f.params["alpha"]
             lo, hi = f.param_ci.get("alpha", (math.nan, math.nan))
-            v.p = fits.param_test(f, "alpha", c)["p"]
+            v.p = robust.param_test(f, "alpha", c)["p"]
             v.test = f"{'log-' if lhs.log_x else ''}linear fit, {f.ci_method or 'no interval'}"
             v.detail = f"alpha={f.params['alpha']:.4g}, R2={f.r2:.3f}, n={f.n}"
         else:
@@ -323,7 +323,7 @@ def _evaluate(data: StudyData, claim: Claim) -> Verdict:
         fa, fb = _slope_fit(data, lhs, a_rows), _slope_fit(data, rhs, b_rows)
         v.lhs, v.rhs = fa.params["alpha"], fb.params["alpha"]
         v.estimate = v.lhs - v.rhs
-        diff = fits.slope_difference(
+        diff = robust.slope_difference(
             (fa.x, fa.y, fa.clusters), (fb.x, fb.y, fb.clusters), log_x=lhs.log_x and rhs.log_x
         )
         if diff is not None:

@@ -495,61 +495,6 @@ def _leave_largest_out(form: Form, x, y, loss, f_scale) -> float:
     return float(np.mean(y[~keep]) - form.predict(res.x, np.log(np.array([top])))[0])
 
 
-def slope_difference(a: tuple, b: tuple, log_x: bool = True, confidence: float = CONFIDENCE) -> dict | None:
-    """α_a − α_b of two straight-line fits, each side given as (x, y, seeds): one regression with a
-    side indicator and its interaction, y = β + α·x + g·(β' + α'·x), so seeds shared by both sides are
-    one cluster; CR2 t by seed (OLS t with one seed). None with fewer than two distinct x a side."""
-    xs, ys, cs, side = [], [], [], []
-    for g, (x, y, seeds) in enumerate((a, b)):
-        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-        ok = np.isfinite(x) & np.isfinite(y) & ((x > 0) if log_x else True)
-        if len(np.unique(x[ok])) < 2:
-            return None
-        xs.append(np.log(x[ok]) if log_x else x[ok])
-        ys.append(y[ok])
-        cs.append(np.asarray(seeds)[ok])
-        side.append(np.full(ok.sum(), float(g)))
-    x, y, g, seeds = map(np.concatenate, (xs, ys, side, cs))
-    X = np.column_stack([np.ones_like(x), x, g, g * x])
-    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
-    c = np.array([0.0, 0.0, 0.0, -1.0])  # α_a − α_b = −α'
-    estimate = float(c @ coef)
-    sandwich = robust.cr2(X, y - X @ coef, seeds)
-    if sandwich is not None:
-        se, df, method = sandwich.se(c), sandwich.df(c), f"CR2 t by seed ({sandwich.clusters} seeds)"
-    else:
-        resid = y - X @ coef
-        df = len(y) - 4
-        if df < 1:
-            return None
-        se = math.sqrt(float(resid @ resid) / df * float(c @ np.linalg.pinv(X.T @ X) @ c))
-        method = "OLS t (one seed)"
-    return _t_result(estimate, se, df, confidence, method)
-
-
-def _t_result(estimate: float, se: float, df: float, confidence: float, method: str) -> dict:
-    if se > 0 and np.isfinite(df):
-        half = stats.t.ppf(0.5 + confidence / 2, df) * se
-        p = float(2 * stats.t.sf(abs(estimate) / se, df))
-    else:  # no spread at all: the estimate is exact
-        half, p = 0.0, (0.0 if estimate != 0 else 1.0)
-    return {"estimate": estimate, "lo": estimate - half, "hi": estimate + half, "df": df, "p": p, "method": method}
-
-
-def param_test(f: Fit, name: str, value: float = 0.0, confidence: float = CONFIDENCE) -> dict:
-    """The fit's parameter `name` against `value`: its interval (`f.param_ci`) and the matching two-sided p."""
-    estimate = f.params[name]
-    lo, hi = f.param_ci.get(name, (math.nan, math.nan))
-    df = f.df.get(name, math.nan)
-    if not (np.isfinite(lo) and np.isfinite(hi) and np.isfinite(df)):
-        return {"estimate": estimate, "lo": lo, "hi": hi, "df": df, "p": math.nan, "method": f.ci_method}
-    half = (hi - lo) / 2
-    se = half / stats.t.ppf(0.5 + confidence / 2, df)
-    center = (lo + hi) / 2 - value  # the two-point rule centres on the paired mean, not the OLS estimate
-    p = float(2 * stats.t.sf(abs(center) / se, df)) if se > 0 else (0.0 if center != 0 else 1.0)
-    return {"estimate": estimate, "lo": lo, "hi": hi, "df": df, "p": p, "method": f.ci_method}
-
-
 # --- study-level helpers -------------------------------------------------------------------------
 
 

@@ -346,16 +346,6 @@ def welch(a, b) -> tuple[float, float, float] | None:
     return float(a.mean() - b.mean()), math.sqrt(va + vb), float(df)
 
 
-def welch_interval(a, b, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Welch t-interval of mean(a) − mean(b); NaN where `welch` has none."""
-    res = welch(a, b)
-    if res is None:
-        return (math.nan, math.nan)
-    diff, se, df = res
-    half = stats.t.ppf(0.5 + confidence / 2, df) * se
-    return (float(diff - half), float(diff + half))
-
-
 def performance_profile(data: StudyData, metric: str | None = None, taus: np.ndarray | None = None) -> pd.DataFrame:
     """Fraction of each cell's seeds whose metric is above tau (below, for mode min), over a tau grid."""
     metric = metric or data.metric

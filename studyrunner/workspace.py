@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,7 +178,9 @@ def check_storage(storage: str) -> None:
                 raise StudyrunnerError(f"{option}: {storage!r} is a file; give a folder or a URI")
             fs, root = pafs.LocalFileSystem(), str(local.resolve())
         fs.create_dir(root, recursive=True)
-        probe = f"{root.rstrip('/')}/.studyrunner-probe"
+        # A name of its own: commands started together (two resumes, hosts sharing a bucket) must not
+        # delete each other's probe.
+        probe = f"{root.rstrip('/')}/.studyrunner-probe-{uuid.uuid4().hex}"
         with fs.open_output_stream(probe) as f:
             f.write(b"ok")
         fs.delete_file(probe)

@@ -150,7 +150,8 @@ def test_a_driver_killed_mid_trial_leaves_no_hole_and_racing_resumes_finish_it(t
     rows = {r.trial_key: r for r in ledger.trials("holes")}
     assert {r.status for r in rows.values()} == {"succeeded"} and not any(r.mlflow_dirty for r in rows.values())
     resumed = ledger.attempts(first)[-1]
-    assert resumed.resumed_from_step == fallback
+    history = [(a.number, a.status, a.resumed_from_step, a.submission, a.message) for a in ledger.attempts(first)]
+    assert resumed.resumed_from_step == fallback, (history, said)
     assert f"step-{newest:09d}.ckpt is unusable" in resumed.message and f"at step {fallback}" in resumed.message
     for key in rows:
         succeeded = [a for a in ledger.attempts(key) if a.status == "succeeded"]
@@ -384,3 +385,25 @@ def test_a_new_ledger_beside_an_old_mlflow_store_makes_no_second_runs(base, tmp_
         k: [r.info.run_id for r in v] for k, v in before.items()
     }
     assert len(client.search_runs([exp], "tags.kind = 'cell'")) == len(cells_before)
+
+
+def test_commands_started_together_share_files_without_tripping_each_other(tmp_path):
+    """Two resumes started at once both check that the workspace is writable: one must not delete the
+    other's probe file (it did: "Cannot delete file .studyrunner-probe"); nor its half-written curve."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from studyrunner.workspace import check_storage
+
+    folder = str(tmp_path / "shared")
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: check_storage(folder), range(400)))
+    assert list(Path(folder).iterdir()) == []  # every probe cleaned up after itself
+
+    # two audits of one trial (two resumes) write its curve at once: each write lands whole
+    curves = CurveStore(folder)
+    rows = lambda n: [{"step": s, "train_loss": float(n)} for s in range(1, 50)]  # noqa: E731
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: curves.write("s", "k", rows(n)), range(200)))
+    frame = curves.read("s", "k")
+    assert len(frame) == 49 and frame["train_loss"].nunique() == 1
+    assert [p.name for p in Path(folder, "curves", "s").iterdir()] == ["k.parquet"]

@@ -114,6 +114,45 @@ def test_leases_give_each_trial_to_one_submission(ledger):
     assert sorted(ledger.claim("tiny", keys, b)) == sorted(keys[1:])  # succeeded trials are never claimed
 
 
+def test_two_reapers_of_one_dead_submission_leave_the_new_lease_alone(ledger):
+    """Two resumes reap the same dead driver at once. The slower one must not undo the lease the faster one
+    took in between: it did (it read the driver's trials, then wrote them by key), and both ran every trial.
+    The faster resume's claim is run exactly between the slower reaper's reads and writes."""
+    from sqlalchemy import event
+
+    compiled = compile_study(loads(TINY_STUDY))
+    keys = [t.trial_key for t in compiled.trials]
+    ledger.register(compiled)
+    driver = ledger.open_submission("tiny", "submit")
+    ledger.claim("tiny", keys, driver)
+    for key in keys:
+        ledger.start_attempt(key, driver)
+    fast, slow = Ledger(ledger.url, create=False), Ledger(ledger.url, create=False)
+    taken: list[str] = []
+
+    def fast_resume_reaps_and_claims() -> None:
+        fast.release(driver, died=True)
+        taken.append(fast.open_submission("tiny", "resume"))
+        assert sorted(fast.claim("tiny", keys, taken[0])) == sorted(keys)
+
+    def between(conn, cursor, statement, *args) -> None:
+        if not taken and statement.lstrip().upper().startswith("SELECT") and "FROM trials" in statement:
+            fast_resume_reaps_and_claims()
+
+    event.listen(slow.engine, "after_cursor_execute", between)
+    try:
+        slow.release(driver, died=True)
+    finally:
+        event.remove(slow.engine, "after_cursor_execute", between)
+    if not taken:  # the reaper read nothing it then wrote: the claim comes after it
+        fast_resume_reaps_and_claims()
+    assert {r.owner for r in ledger.trials("tiny")} == {taken[0]}
+    slower = ledger.open_submission("tiny", "resume")
+    assert ledger.claim("tiny", keys, slower) == []  # the slow resume runs nothing
+    assert {r.status for r in ledger.trials("tiny")} == {"pending"}
+    assert all([a.status for a in ledger.attempts(k)] == ["interrupted"] for k in keys)
+
+
 def _set_submission(ledger: Ledger, sid: str, **values) -> None:
     from sqlalchemy import update
 

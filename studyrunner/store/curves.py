@@ -8,6 +8,7 @@ curve again from the records it holds and the ones a resumed attempt replays fro
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,7 +41,7 @@ class CurveStore:
         frame.insert(0, "trial_key", trial_key)
         path = self.path(study, trial_key)
         self.fs.create_dir(f"{self.root}/{study}", recursive=True)
-        tmp = path + ".tmp"
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"  # its own name: two writers (two audits of one trial) never share one
         pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp, filesystem=self.fs)
         self.fs.move(tmp, path)
         return path

@@ -380,16 +380,30 @@ class Ledger:
         `sync-mlflow` (and `resume`, which syncs) to compare and mend."""
         status = "cancelled" if cancelled else "pending"
         why = "cancelled" if cancelled else "interrupted"
+        mine = TrialRow.owner == submission
         with self.session() as s, s.begin():
-            rows = list(s.scalars(select(TrialRow).where(TrialRow.owner == submission)))
-            unfinished = [r for r in rows if r.status not in FINISHED]
-            for r in rows:
-                r.owner = None
-            for r in unfinished:
-                r.status, r.failure_class = status, why
-                r.error = f"{why} before it finished" if r.attempts else f"{why} before it started"
+            # Conditional UPDATEs, never read-then-write: two resumes reap the same dead submission at once,
+            # and the slower one's list of its trials may be old by the time it writes; writing those rows
+            # by key would drop the lease the faster one has taken since (both then ran every trial).
+            unfinished = list(
+                s.scalars(
+                    update(TrialRow)
+                    .where(mine, TrialRow.status.not_in(FINISHED))
+                    .values(
+                        status=status,
+                        failure_class=why,
+                        error=case(
+                            (TrialRow.attempts > 0, f"{why} before it finished"), else_=f"{why} before it started"
+                        ),
+                        owner=None,
+                    )
+                    .returning(TrialRow.trial_key)
+                    .execution_options(synchronize_session=False)
+                )
+            )
+            s.execute(update(TrialRow).where(mine).values(owner=None).execution_options(synchronize_session=False))
             by = "by the submitting process" if not died else "(the submitting process died)"
-            self._end_open_attempts(s, [r.trial_key for r in unfinished], why, f"{why} {by}")
+            self._end_open_attempts(s, unfinished, why, f"{why} {by}")
             if died:
                 attempted = select(AttemptRow.trial_key).where(AttemptRow.submission == submission)
                 s.execute(
@@ -401,7 +415,7 @@ class Ledger:
             sub = s.get(SubmissionRow, submission)
             if sub is not None:
                 sub.ended_at = utcnow()
-        return [r.trial_key for r in unfinished]
+        return unfinished
 
     # --- one trial's attempts ------------------------------------------------------------------
 

@@ -389,8 +389,10 @@ def _ttest_p(values: np.ndarray, c: float = 0.0) -> float:
         return float(sps.ttest_1samp(values, c).pvalue)
 
 
-def _one_sided(p_claimed: float, p_opposite: float) -> tuple[str, float]:
-    """The verdict from the one-sided p in the claim's direction and in the opposite one, and its p."""
+def _one_sided(greater: bool, p_up: float, p_down: float) -> tuple[str, float]:
+    """The verdict, and its p, from the one-sided p-values of "lhs is greater" (`p_up`) and "lhs is less"
+    (`p_down`), for a claim that lhs is greater (`greater`) or less."""
+    p_claimed, p_opposite = (float(p_up), float(p_down)) if greater else (float(p_down), float(p_up))
     if p_claimed < ALPHA:
         return SUPPORTED, p_claimed
     if p_opposite < ALPHA:
@@ -405,7 +407,7 @@ def _failure_rate_vs_number(v: Verdict, rows: pd.DataFrame, op: str, c: float) -
     k, n = int(rows.failed.sum()), len(rows)
     greater = op in (">", ">=")
     up, down = float(sps.binomtest(k, n, c, "greater").pvalue), float(sps.binomtest(k, n, c, "less").pvalue)
-    v.verdict, v.p = _one_sided(*((up, down) if greater else (down, up)))
+    v.verdict, v.p = _one_sided(greater, up, down)
     lo, hi = wilson(k, n)
     v.lhs, v.estimate, v.lo, v.hi = k / n, k / n - c, lo - c, hi - c
     v.test = "exact binomial test, one-sided (Wilson interval)"
@@ -430,7 +432,7 @@ def _failure_rates(v: Verdict, a_rows: pd.DataFrame, b_rows: pd.DataFrame, op: s
         m = only_a + only_b
         up = float(sps.binomtest(only_a, m, 0.5, "greater").pvalue) if m else 1.0
         down = float(sps.binomtest(only_a, m, 0.5, "less").pvalue) if m else 1.0
-        v.verdict, v.p = _one_sided(*((up, down) if greater else (down, up)))
+        v.verdict, v.p = _one_sided(greater, up, down)
         v.seeds = (len(pairs), len(pairs))
         v.test = "exact McNemar test over shared seeds, one-sided (Newcombe interval)"
         v.detail = (
@@ -440,7 +442,7 @@ def _failure_rates(v: Verdict, a_rows: pd.DataFrame, b_rows: pd.DataFrame, op: s
         return v
     table = [[k1, n1 - k1], [k2, n2 - k2]]
     up, down = sps.fisher_exact(table, "greater").pvalue, sps.fisher_exact(table, "less").pvalue
-    v.verdict, v.p = _one_sided(*((float(up), float(down)) if greater else (float(down), float(up))))
+    v.verdict, v.p = _one_sided(greater, up, down)
     v.seeds = (n1, n2)
     v.test = "Fisher's exact test, one-sided (Newcombe interval)"
     v.detail = f"{k1}/{n1} vs {k2}/{n2} failed; Fisher exact one-sided p={v.p:.3g}"

@@ -20,14 +20,12 @@ from typing import Any
 import pandas as pd
 
 from ..errors import SpecError, StudyrunnerError
-from ..spec.claims_grammar import GrammarError, Rule, parse_rule, values_equal
+from ..spec.claims_grammar import GrammarError, Rule, parse_rule, selector_column, values_equal
 from ..store import CurveStore, Ledger
 from .search import search_frame
 
 DONE = ("succeeded", "failed", "diverged")
 FAILED_STATUSES = ("failed", "diverged")
-# Short selector keys and the trial-frame columns they stand for.
-ALIASES = {"family": "model.family", "task": "task.name", "cell": "cell", "baseline": "baseline", "seed": "seed"}
 # Test-time depth columns: `{metric}_loops_{n}` (eval.loops) and `{metric}_budget_{n}` (eval.budgets), one mechanism.
 _LOOPS_COLUMN = re.compile(r"^(?P<metric>.+)_(?:loops|budget)_(?P<n>\d+)$")
 
@@ -88,18 +86,11 @@ class StudyData:
             warnings.warn(line, stacklevel=3)
 
     def column_for(self, key: str) -> str:
-        """The trial-frame column a selector key names: an alias, a dotted path or a unique leaf."""
-        if key in ALIASES:
-            return ALIASES[key]
-        if key in self.trials.columns and "." in key:
-            return key
-        leaves = [c for c in self.config_columns if c.rsplit(".", 1)[-1] == key]
-        if len(leaves) == 1:
-            return leaves[0]
-        if len(leaves) > 1:
-            varied = [c for c in leaves if c in self.varied_columns]
-            if len(varied) == 1:
-                return varied[0]
+        """The trial-frame column a selector key names (`spec.claims_grammar.selector_column`)."""
+        column, leaves = selector_column(key, self.config_columns, self.varied_columns)
+        if column is not None:
+            return column
+        if leaves:
             raise StudyrunnerError(f"{key!r} is ambiguous: write one of {', '.join(leaves)}")
         axes = ", ".join(c.rsplit(".", 1)[-1] for c in self.varied_columns) or "none"
         raise StudyrunnerError(

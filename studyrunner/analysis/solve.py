@@ -15,15 +15,19 @@ from .data import StudyData
 from .stats import _clean
 
 
-def time_to_solve(data: StudyData, metric: str | None = None, threshold: float | None = None) -> pd.DataFrame:
+def time_to_solve(
+    data: StudyData, metric: str | None = None, threshold: float | None = None, source: str | None = None
+) -> pd.DataFrame:
     """Per trial: the first step at which `metric` reaches `threshold` (>= for mode max, <= for min), or
     the last logged step, censored, when it never does. Default threshold: `solve_threshold` (the study
-    file's `analysis.solve_threshold`, else chance plus a margin, else 90% of the best cell mean)."""
+    file's `analysis.solve_threshold`, else chance plus a margin, else 90% of the best cell mean);
+    `source`: where a given threshold came from (`solve_threshold`'s second value)."""
     metric = metric or data.metric
     curves = data.curves
     if metric not in curves or curves.empty:
         return pd.DataFrame(columns=["trial_key", "cell", "seed", "step", "solved"])
-    threshold, source = solve_threshold(data, metric, threshold)
+    if threshold is None or source is None:
+        threshold, source = solve_threshold(data, metric, threshold)
     rows = []
     done = data.done.set_index("trial_key")
     for key, curve in curves.dropna(subset=[metric]).groupby("trial_key"):

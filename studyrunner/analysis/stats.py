@@ -278,19 +278,23 @@ def seed_difference(a: pd.Series, b: pd.Series, confidence: float = CONFIDENCE) 
     """mean(a) − mean(b) for values indexed by seed, by the rule every two-sample comparison here follows
     (a two-depth slope, looped vs stacked, a pairwise claim): the paired t over the seeds both share when
     2+ are shared (same seed, same initialisation and data), else Welch's t over all seeds of each.
-    {diff, se, df, lo, hi, method}; None when neither gives an interval."""
+    {diff, df, lo, hi, method}; None when neither gives an interval (Welch: 2+ values a side, some spread)."""
     a, b = a.dropna(), b.dropna()
     shared = a.index.intersection(b.index)
     if a.index.is_unique and b.index.is_unique and len(shared) >= 2:
         d = (a[shared] - b[shared]).to_numpy(float)
-        diff, se, df = float(d.mean()), float(d.std(ddof=1)) / math.sqrt(len(d)), float(len(d) - 1)
-        method = f"paired t ({len(d)} seeds)"
-    elif (res := welch(a, b)) is not None:
-        (diff, se, df), method = res, f"Welch t ({len(a)} vs {len(b)} seeds)"
+        diff, df = float(d.mean()), float(len(d) - 1)
+        half = stats.t.ppf(0.5 + confidence / 2, df) * float(d.std(ddof=1)) / math.sqrt(len(d))
+        lo, hi, method = diff - half, diff + half, f"paired t ({len(d)} seeds)"
     else:
-        return None
-    half = stats.t.ppf(0.5 + confidence / 2, df) * se
-    return {"diff": diff, "se": se, "df": df, "lo": diff - half, "hi": diff + half, "method": method}
+        va, vb = _clean(a), _clean(b)
+        if len(va) < 2 or len(vb) < 2 or (np.ptp(va) == 0 and np.ptp(vb) == 0):
+            return None
+        res = stats.ttest_ind(va, vb, equal_var=False)
+        ci = res.confidence_interval(confidence)
+        diff, df, lo, hi = float(va.mean() - vb.mean()), float(res.df), float(ci.low), float(ci.high)
+        method = f"Welch t ({len(a)} vs {len(b)} seeds)"
+    return {"diff": diff, "df": df, "lo": lo, "hi": hi, "method": method}
 
 
 def paired_comparisons(data: StudyData, metric: str | None = None, limit: int = 200) -> pd.DataFrame:
@@ -331,19 +335,6 @@ def paired_comparisons(data: StudyData, metric: str | None = None, limit: int = 
         if len(rows) >= limit:
             break
     return pd.DataFrame(rows)
-
-
-def welch(a, b) -> tuple[float, float, float] | None:
-    """(mean(a) − mean(b), its standard error, Welch-Satterthwaite df); None when either side has fewer
-    than 2 values or neither has spread."""
-    a, b = _clean(a), _clean(b)
-    if len(a) < 2 or len(b) < 2:
-        return None
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    if va + vb == 0:
-        return None
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return float(a.mean() - b.mean()), math.sqrt(va + vb), float(df)
 
 
 def performance_profile(data: StudyData, metric: str | None = None, taus: np.ndarray | None = None) -> pd.DataFrame:

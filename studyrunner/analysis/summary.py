@@ -187,9 +187,7 @@ def analyze(
     out.equal_depth = depth.equal_depth_comparisons(data, metric)
     out.families = depth.family_fits(data, points, out.gap, ci=ci)
     out.threshold, out.threshold_source = solve.solve_threshold(data, metric, threshold)
-    out.time_to_solve = solve.time_to_solve(data, metric, out.threshold)
-    if len(out.time_to_solve):
-        out.time_to_solve["threshold_source"] = out.threshold_source
+    out.time_to_solve = solve.time_to_solve(data, metric, out.threshold, out.threshold_source)
     if len(out.time_to_solve):
         out.time_to_solve_cells = solve.time_to_solve_summary(out.time_to_solve, data.cells_order)
     out.failure_depth = fits_mod.failure_vs_depth(data)

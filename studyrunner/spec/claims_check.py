@@ -15,15 +15,11 @@ import difflib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .claims_grammar import Number, parse_claim, values_equal
+from .claims_grammar import Number, parse_claim, selector_column, values_equal
 from .errors import spec_error
 
 if TYPE_CHECKING:
     from .compiler import CompiledStudy
-
-# Short selector keys and the flattened-config paths they stand for (analysis.data.ALIASES).
-ALIASES = {"family": "model.family", "task": "task.name"}
-SPECIAL = ("cell", "baseline", "seed")
 
 
 def check_claims(compiled: CompiledStudy, reports: Callable[[str], bool], reported: Callable[[], set[str]]) -> None:
@@ -72,19 +68,10 @@ def check_claims(compiled: CompiledStudy, reports: Callable[[str], bool], report
 
 def _column(key: str, paths: list[str], varied: list[str], fail: Callable[[str], None]) -> str:
     """The flattened-config path (or cell / baseline / seed) a selector key names, as the analysis reads it."""
-    if key in SPECIAL:
-        return key
-    if key in ALIASES:
-        return ALIASES[key]
-    if "." in key and key in paths:
-        return key
-    leaves = [p for p in paths if p.rsplit(".", 1)[-1] == key]
-    if len(leaves) == 1:
-        return leaves[0]
-    if len(leaves) > 1:
-        chosen = [p for p in leaves if p in varied]
-        if len(chosen) == 1:
-            return chosen[0]
+    column, leaves = selector_column(key, paths, varied)
+    if column is not None:
+        return column
+    if leaves:
         fail(f"selector field {key!r} is ambiguous: write one of {', '.join(leaves)}")
     axes = ", ".join(p.rsplit(".", 1)[-1] for p in varied) or "none"
     near = difflib.get_close_matches(key, [p.rsplit(".", 1)[-1] for p in paths] + paths, n=3, cutoff=0.7)

@@ -451,3 +451,29 @@ def values_equal(a: Any, b: Any) -> bool:
     if isinstance(a, numbers.Real) and isinstance(b, int | float):
         return float(a) == float(b)
     return str(a) == str(b)
+
+
+# Selector keys that are not config fields, and the columns (flattened-config paths) they stand for.
+SELECTOR_ALIASES = {
+    "family": "model.family",
+    "task": "task.name",
+    "cell": "cell",
+    "baseline": "baseline",
+    "seed": "seed",
+}
+
+
+def selector_column(key: str, paths: list[str], varied: list[str]) -> tuple[str | None, list[str]]:
+    """The column a selector key names among flattened-config `paths` (`varied`: those that differ between
+    cells): an alias, a dotted path, the one path ending in the key, or the one varied path of several.
+    (column, []) when found; (None, the paths ending in it) when it is ambiguous; (None, []) when unknown.
+    `validate` and the analysis resolve keys by this one rule, so a claim that validates selects the same."""
+    if key in SELECTOR_ALIASES:
+        return SELECTOR_ALIASES[key], []
+    if "." in key and key in paths:
+        return key, []
+    leaves = [p for p in paths if p.rsplit(".", 1)[-1] == key]
+    if len(leaves) == 1:
+        return leaves[0], []
+    chosen = [p for p in leaves if p in varied]
+    return (chosen[0], []) if len(chosen) == 1 else (None, leaves)

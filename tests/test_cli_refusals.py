@@ -114,3 +114,18 @@ def test_every_shipped_study_validates():
     for path in sorted(Path(__file__).parents[1].joinpath("studies").glob("*.yaml")):
         result = runner.invoke(app, ["validate", str(path)])
         assert result.exit_code == 0, (path, result.output)
+
+
+@pytest.mark.parametrize(
+    "verb,text",
+    [
+        ("submit", "Folder or URI for curves, checkpoints and Ray results"),
+        ("rerun", "Folder or URI for curves, checkpoints and Ray results"),
+        ("analyze", "Folder or URI of the curves"),
+    ],
+)
+def test_each_verb_describes_its_own_storage_option(verb, text):
+    """The analysis verbs' narrower --storage help once replaced every verb's (one module, one name)."""
+    result = runner.invoke(app, [verb, "--help"], env={"COLUMNS": "300", "TERMINAL_WIDTH": "300"})
+    assert result.exit_code == 0, result.output
+    assert text in " ".join(result.output.split()), result.output

@@ -1,0 +1,5 @@
+"""`python -m studyrunner.cli`."""
+
+from . import main
+
+main()

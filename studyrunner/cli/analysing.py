@@ -1,0 +1,251 @@
+"""`analyze`, `verify`, `report` and `ui`: the verbs that read a study's results and say what they show."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import StudyrunnerError
+from .common import DbOpt, TrackingOpt, WorkspaceOpt, app, err, footer, open_workspace, out, user_errors, warn
+
+
+class AnalysisFormat(StrEnum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+class FitInterval(StrEnum):
+    cr2 = "cr2"
+    bootstrap = "bootstrap"
+
+
+StudyArg = Annotated[
+    str, typer.Argument(help="Study name (as last submitted) or study file (its claims and rule).", show_default=False)
+]
+CurvesStorageOpt = Annotated[str | None, typer.Option(help="Folder or URI of the curves [env STUDYRUNNER_STORAGE].")]
+
+
+@app.command()
+@user_errors
+def analyze(
+    study: StudyArg,
+    format: Annotated[
+        AnalysisFormat, typer.Option("--format", "-f", help="table, json (everything) or csv (cells).")
+    ] = AnalysisFormat.table,
+    metric: Annotated[str | None, typer.Option(help="Metric to analyse [default: the study's metric].")] = None,
+    by: Annotated[
+        str | None, typer.Option(help="Fit the scaling law per value of this field (e.g. memory_slots).")
+    ] = None,
+    threshold: Annotated[
+        float | None,
+        typer.Option(
+            help="Time to solve: first step the metric reaches this [default: the study file's "
+            "analysis.solve_threshold, else chance + 10% of the way to 1, else 90% of the best cell mean]."
+        ),
+    ] = None,
+    logistic_top: Annotated[
+        float | None,
+        typer.Option(
+            "--logistic-top",
+            help="Fix the logistic fit's ceiling [default: analysis.logistic_top, else fitted within "
+            "[largest mean at one D, 1 or 100]].",
+        ),
+    ] = None,
+    ci: Annotated[
+        FitInterval,
+        typer.Option(
+            "--ci",
+            help="Interval of fit parameters, bands and %Gap: cr2 (t from the CR2 sandwich clustered by seed, "
+            "Bell-McCaffrey df; holds its level at 2-5 seeds) or bootstrap (percentiles of seed resamples).",
+        ),
+    ] = FitInterval.cr2,
+    db: DbOpt = None,
+    workspace: WorkspaceOpt = None,
+    storage: CurvesStorageOpt = None,
+):
+    """Seed statistics per cell, scaling fits against effective depth, paired comparisons, claims."""
+    from ..analysis.present import print_analysis, write_json
+    from ..analysis.summary import analyze as run_analysis
+
+    loaded = _load_study(study, db, workspace, storage)
+    result = run_analysis(loaded, metric=metric, by=by, threshold=threshold, logistic_top=logistic_top, ci=ci.value)
+    if format is AnalysisFormat.json:
+        write_json(result.to_dict())
+    elif format is AnalysisFormat.csv:
+        sys.stdout.write(result.cells.to_csv(index=False))
+    else:
+        print_analysis(result, out)
+
+
+@app.command()
+@user_errors
+def verify(
+    study: StudyArg,
+    format: Annotated[
+        AnalysisFormat, typer.Option("--format", "-f", help="table, json or csv.")
+    ] = AnalysisFormat.table,
+    holm: Annotated[
+        bool,
+        typer.Option(
+            "--holm",
+            help="Holm-adjust the claims' p-values (family-wise error over the study's claims); the adjusted p "
+            "and verdict show beside the raw ones, and the exit code follows the adjusted verdicts.",
+        ),
+    ] = False,
+    db: DbOpt = None,
+    workspace: WorkspaceOpt = None,
+    storage: CurvesStorageOpt = None,
+):
+    """Check the study's claims: supported, contradicted, inconclusive, or pending while trials they select
+    are unfinished (exit 1 if a claim is contradicted or invalid; pending claims never fail)."""
+    from ..analysis import claims as analysis_claims
+    from ..analysis.present import verdicts_table, write_json
+
+    loaded = _load_study(study, db, workspace, storage)
+    if not loaded.claims:
+        if loaded.spec_error:
+            raise StudyrunnerError(loaded.spec_error)
+        raise StudyrunnerError(f"study {loaded.name!r} declares no claims; add a `claims:` list to its study file")
+    verdicts = analysis_claims.verify(loaded, holm=holm)
+    table = analysis_claims.verdict_table(verdicts, holm=holm)
+    if format is AnalysisFormat.json:
+        write_json(json.loads(table.to_json(orient="records")))
+    elif format is AnalysisFormat.csv:
+        sys.stdout.write(table.to_csv(index=False))
+    else:
+        if loaded.missing:
+            err.print(f"{loaded.missing} trials have not finished; claims that select them are pending", markup=False)
+        out.print(verdicts_table(verdicts, holm=holm))
+    final = [v.verdict_holm if holm else v.verdict for v in verdicts]
+    if any(f in (analysis_claims.CONTRADICTED, analysis_claims.INVALID) for f in final):
+        raise typer.Exit(1)
+
+
+@app.command()
+@user_errors
+def report(
+    study: StudyArg,
+    out_dir: Annotated[
+        str | None, typer.Option("--out", "-o", help="Folder for the report [default: WORKSPACE/reports].")
+    ] = None,
+    ui_url: Annotated[
+        str | None, typer.Option("--ui-url", help="MLflow UI address for run links [default: http://127.0.0.1:5000].")
+    ] = None,
+    mlflow: Annotated[bool, typer.Option(help="Also log the report and tables to the study's MLflow run.")] = True,
+    db: DbOpt = None,
+    workspace: WorkspaceOpt = None,
+    storage: CurvesStorageOpt = None,
+    tracking_uri: TrackingOpt = None,
+):
+    """Write one self-contained HTML report (plots inline, no network) with the cell, fit and claim tables."""
+    from ..analysis.mlflow_ui import log_study_run
+    from ..analysis.report import write_report
+
+    ws = open_workspace(workspace, db, tracking_uri, storage)
+    loaded = _load_study(study, db, workspace, storage, ws)  # first: a missing ledger creates nothing
+    folder = _report_folder(out_dir, ws)
+    ui_base = ui_url or (ws.tracking_uri if ws.tracking_uri.startswith(("http://", "https://")) else None)
+    written = write_report(loaded, folder, ui=ui_base)
+    err.print(f"wrote {written[0]}", markup=False, highlight=False)
+    if mlflow and loaded.experiment_id:
+        try:
+            run_id = log_study_run(ws.tracking_uri, loaded.name, loaded.experiment_id, written)
+        except Exception as exc:  # noqa: BLE001 - the report is written; MLflow (read-only, down) is optional
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            warn([f"could not log the report to MLflow at {ws.tracking_uri} ({first}); --no-mlflow skips it"])
+            return
+        err.print(f"logged to MLflow run {run_id} (experiment {loaded.experiment_id})", markup=False, highlight=False)
+
+
+def _report_folder(out: str | None, ws) -> Path:
+    """Where `report` writes, checked before any work: a folder it can write (made if missing)."""
+    if out is not None and not out.strip():
+        raise StudyrunnerError("--out: an empty path names no folder; give one, or leave --out out")
+    folder = Path(out).expanduser() if out is not None else ws.root / "reports"
+    option = "--out" if out is not None else "the workspace's reports/ folder (--out)"
+    if folder.exists() and not folder.is_dir():
+        raise StudyrunnerError(f"{option}: {str(folder)!r} is a file; give a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".studyrunner-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise StudyrunnerError(
+            f"{option}: cannot write to {str(folder)!r} ({exc.strerror or exc}); give a writable folder with --out"
+        ) from None
+    return folder
+
+
+def _load_study(study: str, db: str | None, workspace: Path | None, storage: str | None, ws=None):
+    """A study for the analysis verbs, read without writing; says which ledger, and what it left out."""
+    from ..analysis import data as analysis_data
+
+    ws = ws or open_workspace(workspace, db, storage=storage)
+    footer.append(f"read from ledger {ws.db_url}")
+    loaded = analysis_data.load(study, db=ws.db_url, workspace=ws.root, storage=ws.storage)
+    loaded.on_warning = lambda line: warn([line])
+    warn(loaded.warnings)
+    return loaded
+
+
+@app.command()
+@user_errors
+def ui(
+    study: Annotated[
+        str | None, typer.Argument(help="Study whose runs page to print (default: every study in the ledger).")
+    ] = None,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port.")] = 5000,
+    host: Annotated[str, typer.Option(help="Interface to bind; 127.0.0.1 keeps it on this machine.")] = "127.0.0.1",
+    tracking_uri: TrackingOpt = None,
+    db: DbOpt = None,
+    workspace: WorkspaceOpt = None,
+):
+    """Serve the MLflow UI over the study tracking store until Ctrl-C (stopping `ui` stops the server)."""
+    from ..analysis.mlflow_ui import runs_url
+    from ..orchestrate.ui_server import serve
+
+    ws = open_workspace(workspace, db=db, tracking_uri=tracking_uri)
+    experiments = _experiments(ws.db_url, study)
+    if "://" in ws.tracking_uri and ws.tracking_uri.split("://")[0] in ("http", "https"):
+        raise StudyrunnerError(f"the tracking store is already a server ({ws.tracking_uri}); open it directly")
+    if ws.tracking_uri.startswith("sqlite:///") and not Path(ws.tracking_uri.removeprefix("sqlite:///")).is_file():
+        raise StudyrunnerError(
+            f"no MLflow store at {ws.tracking_uri.removeprefix('sqlite:///')!r}: nothing was submitted with this "
+            "workspace (check --workspace / --tracking-uri, or run: studyrunner submit FILE)"
+        )
+    log_path = ws.root / "mlflow-ui.log"
+    if not os.access(ws.root, os.W_OK):  # a read-only workspace: the server's log goes elsewhere
+        import tempfile
+
+        log_path = Path(tempfile.gettempdir()) / f"studyrunner-mlflow-ui-{os.getuid()}.log"
+
+    def ready(url: str) -> None:
+        err.print(
+            f"MLflow UI for {ws.tracking_uri}\n  -> {url}   (Ctrl-C stops it; server log: {log_path})", markup=False
+        )
+        for name, experiment_id in experiments:  # the runs table, not MLflow's GenAI overview
+            err.print(f"  {name}: {runs_url(url, experiment_id)}", markup=False, highlight=False)
+
+    raise typer.Exit(serve(ws.tracking_uri, host, port, log_path, ready))
+
+
+def _experiments(db_url: str, study: str | None) -> list[tuple[str, str]]:
+    """(study, MLflow experiment id) to print runs links for; the named study must exist."""
+    from ..store import Ledger
+
+    try:
+        ledger = Ledger(db_url, create=False, read_only=True)
+    except StudyrunnerError:
+        if study is not None:
+            raise
+        return []  # a tracking store without a ledger beside it: serve it anyway
+    rows = [ledger.get_study(study)] if study is not None else ledger.studies()
+    return [(r.name, r.mlflow_experiment_id) for r in rows if r.mlflow_experiment_id]

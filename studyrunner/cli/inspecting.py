@@ -1,0 +1,273 @@
+"""`validate`, `plan`, `status` and `results`: the verbs that check a study file or read the ledger."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..errors import StudyrunnerError
+from .common import (
+    DbOpt,
+    StaleOpt,
+    StudyFile,
+    WorkspaceOpt,
+    app,
+    err,
+    open_workspace,
+    out,
+    read_ledger,
+    user_errors,
+    warn,
+)
+
+
+@app.command()
+@user_errors
+def validate(file: StudyFile):
+    """Check a study file (schema, family and task params, grid) without running it."""
+    from ..spec import load_and_compile
+
+    compiled = load_and_compile(file)
+    warn(compiled.warnings)
+    counts = (
+        _search_line(compiled)
+        if compiled.study.search
+        else f"{len(compiled.cells)} cells, {len(compiled.trials)} trials"
+    )
+    out.print(f"{file}: ok ({counts})", markup=False, highlight=False)
+
+
+def _search_line(compiled) -> str:
+    search, seeds, grid = compiled.study.search, len(compiled.study.seeds), len(compiled.bases)
+    per = f" in each of {grid} grid cells" if grid > 1 else ""
+    return (
+        f"search: {search.algorithm} {search.sampler}, {search.n_trials} configurations x {seeds} seeds{per} = "
+        f"up to {grid * search.n_trials * seeds} trials"
+    )
+
+
+@app.command()
+@user_errors
+def plan(file: StudyFile):
+    """Show the cells and trials a study compiles to, with parameter counts, without training."""
+    import torch
+
+    from ..models import build_model, count_params
+    from ..spec import load_and_compile
+    from ..tasks import build_task
+
+    compiled = load_and_compile(file)
+    warn(compiled.warnings)
+    study = compiled.study
+    title = f"{study.name}: {len(compiled.cells)} cells x {len(study.seeds)} seeds = {len(compiled.trials)} trials"
+    if study.search:  # the grid cells its searches run in, at the base values of the searched paths
+        compiled = dataclasses.replace(compiled, cells=compiled.bases)
+        title = f"{study.name}: {_search_line(compiled)}; grid cells (searched paths at their base values)"
+    table = Table(title=Text(title))
+    columns = ["#", "cell", "cell_hash", "family", "params", "effective_depth", "steps"]
+    has_baselines = any(c.baseline_of for c in compiled.cells)
+    for col in columns + (["baseline of"] if has_baselines else []):
+        table.add_column(col, justify="right" if col in ("#", "params", "effective_depth", "steps") else "left")
+    number = {c.cell_hash: i for i, c in enumerate(compiled.cells, 1)}
+    for i, cell in enumerate(compiled.cells, 1):
+        task = build_task(cell.config["task"]["name"], cell.config["task"]["params"], seed=0)
+        with torch.device("meta"):  # count parameters without allocating them
+            model = build_model(cell.config["model"]["family"], cell.config["model"]["params"], task.facts)
+        table.add_row(
+            str(i),
+            Text(cell.label),
+            cell.cell_hash,
+            cell.config["model"]["family"],
+            f"{count_params(model):,}",
+            str(model.effective_depth),
+            str(cell.config["train"]["steps"]),
+            *([", ".join(f"{kind} of #{number[h]}" for kind, h in cell.baseline_of)] if has_baselines else []),
+        )
+    out.print(table)
+    if study.search:
+        space = Table(title=Text(f"search space ({study.search.sampler}, seed {study.search.seed})"))
+        for col in ("path", "range"):
+            space.add_column(col)
+        for path, domain in study.search.space.items():
+            space.add_row(
+                Text(path),
+                Text(f"{domain.kind} {list(domain.choices) if domain.kind == 'choice' else [domain.low, domain.high]}"),
+            )
+        out.print(space)
+
+
+@app.command()
+@user_errors
+def status(
+    study: Annotated[str | None, typer.Argument(help="Study name (default: all studies).")] = None,
+    db: DbOpt = None,
+    workspace: WorkspaceOpt = None,
+    stale_after: StaleOpt = None,
+):
+    """Trials per status, per study; then each failed or diverged trial with its class and first error line."""
+    from ..store import STATUSES
+    from ..store.ledger import STALE_AFTER_S
+
+    ws = open_workspace(workspace, db)
+    ledger = read_ledger(ws)
+    counts = ledger.status_counts(study, STALE_AFTER_S if stale_after is None else stale_after)
+    if not counts:
+        out.print("no studies in the ledger yet; run: studyrunner submit FILE")
+        return
+    table = Table()
+    table.add_column("study")
+    columns = (*STATUSES, "stale")
+    for s in (*columns, "total"):
+        table.add_column(s, justify="right")
+    styles = {
+        "succeeded": "green",
+        "failed": "red",
+        "running": "cyan",
+        "pending": "yellow",
+        "diverged": "magenta",
+        "cancelled": "dim",
+        "stale": "bold red",
+    }
+    for name, c in sorted(counts.items()):
+        cells = [f"[{styles[s]}]{c[s]}[/]" if c[s] else "0" for s in columns]
+        table.add_row(Text(name), *cells, str(sum(c.values())))
+    out.print(table)
+    _print_failures(ledger, sorted(counts))
+    stale = {name: c["stale"] for name, c in counts.items() if c["stale"]}
+    for name, n in sorted(stale.items()):
+        out.print(f"{n} trials of {name} are stale (their submit died): {ws.hint('resume', name)}", markup=False)
+
+
+def _print_failures(ledger, studies: list[str], limit: int = 50) -> None:
+    rows = [t for name in studies for t in ledger.trials(name, statuses=("failed", "diverged"))]
+    if not rows:
+        return
+    table = Table(title="failed and diverged trials")
+    for col in ("trial", "status", "class", "attempts", "first error line"):
+        table.add_column(col, overflow="fold")
+    for t in rows[:limit]:
+        first = ((t.error or "").strip().splitlines() or [""])[0]
+        table.add_row(Text(t.trial_key), t.status, t.failure_class or "", str(t.attempts), Text(first[:200]))
+    out.print(table)
+    if len(rows) > limit:
+        out.print(f"... and {len(rows) - limit} more (studyrunner results STUDY --where ...)", markup=False)
+
+
+class Format(StrEnum):
+    table = "table"
+    csv = "csv"
+    parquet = "parquet"
+    json = "json"
+
+
+@app.command()
+@user_errors
+def results(
+    study: Annotated[
+        list[str] | None,
+        typer.Argument(help="Study names [default: every study in the ledger].", show_default=False),
+    ] = None,
+    where: Annotated[
+        str | None,
+        typer.Option(
+            "--where",
+            help="Keep the trials this holds for, e.g. 'loops >= 4 and eval_accuracy > 0.6' (the grammar of a "
+            "study's failure: rule; names are columns: a metric, seed, model.params.loops or a unique leaf).",
+        ),
+    ] = None,
+    format: Annotated[Format, typer.Option("--format", "-f", help="Output format.")] = Format.table,
+    out_path: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Write to this file instead of stdout (required for parquet).")
+    ] = None,
+    db: DbOpt = None,
+    workspace: WorkspaceOpt = None,
+):
+    """One row per trial: identity, status, flattened config and final metrics (several studies: one after
+    the other, columns joined)."""
+    from ..results import filter_where, studies_frame
+
+    if format is Format.parquet and out_path is None:
+        raise StudyrunnerError("--format parquet writes a binary file: add --out PATH.parquet")
+    if out_path is not None:
+        _check_out_path(out_path)
+    df = studies_frame(read_ledger(open_workspace(workspace, db)), study or [])
+    if where is not None:
+        df = filter_where(df, where, option="--where")
+    try:
+        if format is Format.parquet:
+            df.to_parquet(out_path, index=False)
+        elif format is Format.table:
+            _print_results_table(df, out_path)
+        else:
+            text = (
+                df.to_csv(index=False)
+                if format is Format.csv
+                else df.to_json(orient="records", indent=2, date_format="iso")
+            )
+            if out_path:
+                out_path.write_text(text)
+            else:
+                sys.stdout.write(text)
+    except OSError as exc:
+        raise StudyrunnerError(f"--out: cannot write {str(out_path)!r}: {exc.strerror or exc}") from None
+    if out_path:
+        err.print(f"wrote {len(df)} rows to {out_path}", markup=False, highlight=False)
+
+
+def _check_out_path(path: Path) -> None:
+    """Before any work: --out names a file we can create, not a folder or a path in a missing folder."""
+    if path.is_dir():
+        raise StudyrunnerError(f"--out: {str(path)!r} is a folder; give a file name inside it")
+    if not path.parent.is_dir():
+        raise StudyrunnerError(f"--out: folder {str(path.parent)!r} does not exist; create it or choose another path")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise StudyrunnerError(f"--out: {str(path)!r} is not writable; choose another path")
+
+
+def _cell_text(v) -> str:
+    import pandas as pd
+
+    if v is None or (not isinstance(v, list | tuple) and pd.isna(v)):
+        return ""
+    if isinstance(v, float):
+        return f"{int(v):,}" if v.is_integer() and abs(v) >= 1000 else f"{v:.4g}"
+    return str(v)
+
+
+def _print_results_table(df, out_path: Path | None = None) -> None:
+    varied = [c for c in df.columns if "." in c and df[c].astype(str).nunique() > 1]
+    metrics = [
+        m
+        for m in ("eval_accuracy", "eval_exact_match", "eval_loss", "train_loss", "params", "step_time_ms")
+        if m in df.columns
+    ]
+    ids = ["study", "cell", "seed", "status"] if df.study.nunique() > 1 else ["cell", "seed", "status"]
+    table = Table()
+    for col in [*ids, *varied, *metrics]:
+        table.add_column(col.rsplit(".", 1)[-1] if col in varied else col)
+    for _, row in df.iterrows():
+        table.add_row(*(Text(_cell_text(row[col])) for col in [*ids, *varied, *metrics]))
+    failures = [
+        Text.assemble((row.trial_key, "red"), ": ", str(row.error).splitlines()[0] if row.error else "?")
+        for _, row in df[df.status == "failed"].iterrows()
+    ]
+    if out_path is None:
+        console = out
+    else:  # plain text in the file: no colours, and as wide as the table needs
+        console = Console(file=open(out_path, "w", encoding="utf-8"), width=100_000, color_system=None)  # noqa: SIM115
+    try:
+        console.print(table)
+        for line in failures:
+            console.print(line, highlight=False, soft_wrap=True)
+    finally:
+        if out_path is not None:
+            console.file.close()

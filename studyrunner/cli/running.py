@@ -1,0 +1,221 @@
+"""`submit`, `resume`, `rerun` and `cancel`: the verbs that run trials."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from ..errors import StudyrunnerError
+from .common import (
+    AddressOpt,
+    DbOpt,
+    MaxConcurrentOpt,
+    MaxFailuresOpt,
+    ProgressOpt,
+    StaleOpt,
+    StorageOpt,
+    StudyFile,
+    StudyName,
+    TrackingOpt,
+    WorkspaceOpt,
+    app,
+    err,
+    open_workspace,
+    out,
+    run_options,
+    user_errors,
+    warn,
+)
+
+
+@app.command()
+@user_errors
+def submit(
+    file: StudyFile,
+    address: AddressOpt = None,
+    max_concurrent: MaxConcurrentOpt = None,
+    max_failures: MaxFailuresOpt = None,
+    db: DbOpt = None,
+    tracking_uri: TrackingOpt = None,
+    storage: StorageOpt = None,
+    workspace: WorkspaceOpt = None,
+    progress: ProgressOpt = True,
+    as_new_study: Annotated[
+        str | None,
+        typer.Option(help="Submit the file under this study name (for an edit that changes cells that already ran)."),
+    ] = None,
+):
+    """Compile a study and run its new, pending and interrupted trials (failed ones: `rerun`)."""
+    from ..orchestrate import submit as run
+    from ..spec import compile_study, load
+
+    study = load(file)
+    if as_new_study is not None:
+        study = _renamed(study, as_new_study)
+    compiled = compile_study(study)
+    warn(compiled.warnings)
+    ws = open_workspace(workspace, db, tracking_uri, storage)
+    _run_and_report(
+        lambda: run(compiled, ws, options=run_options(address, max_concurrent, max_failures, progress), console=err),
+        ws,
+        compiled.study.name,
+    )
+
+
+def _renamed(study, name: str):
+    from ..spec.schema import Study
+
+    try:
+        Study.model_validate({"name": name, **{k: v for k, v in study.model_dump().items() if k != "name"}})
+    except Exception:  # noqa: BLE001 - pydantic says why; the name is the only change
+        raise typer.BadParameter(
+            f"{name!r}: a study name is lowercase letters, digits, '_' and '-'", param_hint="--as-new-study"
+        ) from None
+    renamed = study.model_copy(update={"name": name})
+    renamed._source, renamed._node, renamed._text = study._source, study._node, study._text
+    return renamed
+
+
+def _run_and_report(run, ws, study_name: str) -> None:
+    """Run a submit/resume/rerun and say what happened; exit 130 when interrupted, 1 when trials failed or
+    a `cancel` stopped it. Every command it prints names the stores the user gave."""
+    resume_hint = ws.hint("resume", study_name)
+    try:
+        result = run()
+    except KeyboardInterrupt:  # before Ray Tune took over, or a second Ctrl-C: the ledger is released
+        err.print(f"interrupted; unfinished trials are pending. Resume with: {resume_hint}", markup=False)
+        raise typer.Exit(130) from None
+    if result.ran or result.interrupted or result.cancelled:
+        err.print(
+            f"{escape(result.study)}: ran {result.ran} trials in {result.wall_time_s:.0f} s: "
+            f"[green]{len(result.succeeded)} succeeded[/], [red]{len(result.failed)} failed[/]"
+            + (f", [magenta]{len(result.diverged)} diverged[/]" if result.diverged else "")
+            + (f", {len(result.interrupted)} interrupted (pending)" if result.interrupted else "")
+            + (f", {len(result.cancelled)} cancelled" if result.cancelled else "")
+        )
+    elif result.busy:
+        err.print(f"{escape(result.study)}: every trial to run is being run by another process")
+    else:
+        err.print(f"{escape(result.study)}: nothing to run")
+    _print_summary(ws, study_name)
+    err.print(f"ledger: {ws.db_url}\nMLflow: {ws.tracking_uri}  ({ws.hint('ui')})", markup=False, highlight=False)
+    if result.interrupted:
+        err.print(f"resume with: {resume_hint}  (runs only what has not finished)", markup=False)
+        raise typer.Exit(130)
+    if result.cancelled:
+        err.print(f"cancelled; to run them after all: {ws.hint('resume', study_name)}", markup=False)
+        raise typer.Exit(1)
+    if result.failed:
+        err.print(f"see errors: {ws.hint('status', result.study)}", markup=False)
+        raise typer.Exit(1)
+
+
+@app.command()
+@user_errors
+def resume(
+    study: StudyName,
+    address: AddressOpt = None,
+    max_concurrent: MaxConcurrentOpt = None,
+    max_failures: MaxFailuresOpt = None,
+    db: DbOpt = None,
+    tracking_uri: TrackingOpt = None,
+    storage: StorageOpt = None,
+    workspace: WorkspaceOpt = None,
+    progress: ProgressOpt = True,
+    stale_after: StaleOpt = None,
+):
+    """Finish a study whose submit was killed or stopped: run its pending, cancelled and stale trials."""
+    from ..orchestrate import resume as run
+
+    ws = open_workspace(workspace, db, tracking_uri, storage)
+    options = run_options(address, max_concurrent, max_failures, progress, stale_after)
+    _run_and_report(lambda: run(study, ws, options=options, console=err), ws, study)
+
+
+@app.command()
+@user_errors
+def rerun(
+    study: StudyName,
+    failed: Annotated[bool, typer.Option("--failed", help="Trials that failed.")] = False,
+    diverged: Annotated[bool, typer.Option("--diverged", help="Trials that diverged.")] = False,
+    missing: Annotated[bool, typer.Option("--missing", help="Trials that never ran.")] = False,
+    stale: Annotated[bool, typer.Option("--stale", help="Trials held by a submit that died.")] = False,
+    cancelled: Annotated[bool, typer.Option("--cancelled", help="Trials that were cancelled.")] = False,
+    seeds: Annotated[str | None, typer.Option(help="Only these seeds, e.g. 0,2.")] = None,
+    cell: Annotated[list[str] | None, typer.Option(help="Only this cell (hash or its prefix); repeatable.")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Discard their checkpoints: train from step 0.")] = False,
+    address: AddressOpt = None,
+    max_concurrent: MaxConcurrentOpt = None,
+    max_failures: MaxFailuresOpt = None,
+    db: DbOpt = None,
+    tracking_uri: TrackingOpt = None,
+    storage: StorageOpt = None,
+    workspace: WorkspaceOpt = None,
+    progress: ProgressOpt = True,
+    stale_after: StaleOpt = None,
+):
+    """Run chosen trials again (no filter: every trial not succeeded), as new attempts of the same trials."""
+    from ..orchestrate import RerunSelection
+    from ..orchestrate import rerun as run
+
+    try:
+        seed_list = tuple(int(x) for x in seeds.split(",") if x.strip()) if seeds is not None else ()
+    except ValueError:
+        raise typer.BadParameter(
+            f"{seeds!r}: seeds are integers separated by commas, e.g. 0,2", param_hint="--seeds"
+        ) from None
+    if seeds is not None and not seed_list:  # `--seeds ""` is a mistake, not "every seed"
+        raise StudyrunnerError(
+            f"--seeds {seeds!r} names no seed; give integers separated by commas (e.g. 0,2), or leave --seeds out"
+        )
+    if any(not c.strip() for c in cell or ()):  # an empty prefix would match every cell
+        raise StudyrunnerError("--cell '' names no cell; give a cell hash or its prefix, or leave --cell out")
+    select = RerunSelection(failed, diverged, missing, stale, cancelled, seed_list, tuple(cell or ()), fresh)
+    ws = open_workspace(workspace, db, tracking_uri, storage)
+    options = run_options(address, max_concurrent, max_failures, progress, stale_after)
+    _run_and_report(lambda: run(study, ws, select, options=options, console=err), ws, study)
+
+
+@app.command()
+@user_errors
+def cancel(study: StudyName, db: DbOpt = None, workspace: WorkspaceOpt = None):
+    """Stop a running study from another terminal: its unfinished trials become cancelled."""
+    from ..orchestrate import cancel as run
+
+    asked, now = run(study, open_workspace(workspace, db))
+    if asked:
+        out.print(f"asked {asked} running submit(s) of {study} to stop; their unfinished trials end cancelled")
+    out.print(f"{now} pending trials cancelled" + ("" if asked else f"; nothing of {study} is running"))
+
+
+def _print_summary(ws, name: str) -> None:
+    from ..results import cell_summary, trials_frame
+    from ..spec import loads
+    from ..store import Ledger
+
+    ledger = Ledger(ws.db_url)
+    metric = loads(ledger.get_study(name).spec_text).metric
+    summary = cell_summary(trials_frame(ledger, name), metric.name, metric.mode)
+    if summary.empty:
+        warn([f"no trial reported {metric.name!r}; see `studyrunner results {name}`"])
+        return
+    table = Table(title=f"{metric.name} ({metric.mode}) by cell, over seeds")
+    for col in ("cell", "mean", "std", "seeds", "failed"):
+        table.add_column(col, justify="left" if col == "cell" else "right")
+    for row in summary.itertuples():
+        table.add_row(
+            Text(row.cell),
+            _num(row.mean),
+            _num(row.std),
+            str(row.seeds),
+            Text(str(row.failed), style="red" if row.failed else ""),
+        )
+    err.print(table)
+
+
+def _num(value: float) -> str:
+    return "" if value != value else f"{value:.4f}"  # NaN: no seed succeeded, or one seed (no std)

@@ -60,7 +60,7 @@ def study_text(name: str, per_axis: int, seeds: int) -> str:
 
 
 def compile_text(text: str):
-    from studyrunner.spec import compile_study, loads
+    from studyrunner.study import compile_study, loads
 
     return compile_study(loads(text))
 

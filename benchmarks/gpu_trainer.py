@@ -245,7 +245,7 @@ def checkpoint_on_gpu(config: dict) -> dict:
 
 def smoke_studies(steps: int = 20) -> dict:
     """A few steps of each study's first cell on the GPU (every family and task the studies use)."""
-    from studyrunner.spec import compile_study, loads
+    from studyrunner.study import compile_study, loads
 
     out = {}
     for path in sorted((ROOT / "studies").glob("*.yaml")):

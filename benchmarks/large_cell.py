@@ -46,7 +46,7 @@ TOY = {"seq_len": 16, "hops": 2, "d_model": 32, "n_heads": 2, "steps": 8, "log_e
 
 def resolved(config: dict[str, Any]) -> dict[str, Any]:
     """The cell with every default filled (as a study compiles it)."""
-    from studyrunner.spec.compiler import resolve
+    from studyrunner.study.compiler import resolve
 
     return resolve(copy.deepcopy(config))
 

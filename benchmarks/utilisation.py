@@ -139,8 +139,8 @@ def recording_s(steps: int, repeats: int) -> list[float]:
     from studyrunner.orchestrate.recorder import Recorder
     from studyrunner.orchestrate.runner import _open_stores, _open_tracking
     from studyrunner.provenance import provenance
-    from studyrunner.spec import compile_study, loads
     from studyrunner.store import CurveStore
+    from studyrunner.study import compile_study, loads
     from studyrunner.train.checkpoint import default_every
     from studyrunner.workspace import Workspace
 
@@ -201,8 +201,8 @@ def run_study(steps: int, trials: int) -> dict[str, Any]:
 
     from studyrunner.orchestrate import ensure_ray, submit
     from studyrunner.orchestrate.runner import _open_stores
-    from studyrunner.spec import compile_study, loads
     from studyrunner.store import Ledger
+    from studyrunner.study import compile_study, loads
     from studyrunner.workspace import Workspace
 
     compiled = compile_study(loads(study_text(steps, trials)))

@@ -21,9 +21,9 @@ import numpy as np
 import pandas as pd
 
 from .errors import StudyrunnerError
-from .spec import flatten_config
-from .spec.claims_grammar import KEYWORDS, BoolOp, Compare, GrammarError, Not, Rule, parse_rule, tokenize
 from .store import CurveStore, Ledger
+from .study import flatten_config
+from .study.claims_grammar import KEYWORDS, BoolOp, Compare, GrammarError, Not, Rule, parse_rule, tokenize
 from .workspace import Workspace
 
 ID_COLUMNS = [

@@ -7,8 +7,8 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from studyrunner.spec import compile_study, loads
 from studyrunner.store import CurveStore, Ledger
+from studyrunner.study import compile_study, loads
 
 STUDY = """\
 name: {name}

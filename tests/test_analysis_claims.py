@@ -11,8 +11,8 @@ from studyrunner.analysis import claims as claims_mod
 from studyrunner.analysis import data as data_mod
 from studyrunner.analysis import stats
 from studyrunner.cli import app
-from studyrunner.spec import compile_study, loads
-from studyrunner.spec.claims_grammar import GrammarError, parse_claim, parse_rule
+from studyrunner.study import compile_study, loads
+from studyrunner.study.claims_grammar import GrammarError, parse_claim, parse_rule
 
 runner = CliRunner()
 

@@ -129,8 +129,8 @@ def test_seed_aggregates_for_cell_runs():
 
 def test_recorder_logs_aggregates_on_the_cell_run(tmp_path):
     from studyrunner.orchestrate.recorder import Recorder
-    from studyrunner.spec import compile_study, loads
     from studyrunner.store import Ledger
+    from studyrunner.study import compile_study, loads
 
     compiled = compile_study(loads(study_text(extra='failure: "eval_accuracy < 0.35"\n')))
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
@@ -186,7 +186,7 @@ def test_mlflow_experiment_study_run_and_runs_page(written, tmp_path):
     from mlflow import MlflowClient
 
     from studyrunner.orchestrate.tracking import Tracker
-    from studyrunner.spec import compile_study, loads
+    from studyrunner.study import compile_study, loads
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker(uri)

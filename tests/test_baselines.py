@@ -7,8 +7,8 @@ from conftest import TINY_STUDY
 from studyrunner.errors import SpecError
 from studyrunner.models import build_model, count_params
 from studyrunner.results import trials_frame
-from studyrunner.spec import compile_study, loads
 from studyrunner.store import Ledger
+from studyrunner.study import compile_study, loads
 from studyrunner.tasks import build_task
 
 LOOPED = TINY_STUDY.replace("model.params.loops: [1, 2]", "model.params.loops: [1, 2, 4]")

@@ -131,7 +131,7 @@ def test_run_trial_is_bit_identical_with_and_without_prefetch(monkeypatch, tmp_p
 
 
 def test_background_reports_arrive_in_order_before_finish_returns():
-    from studyrunner.orchestrate.trainable import TuneReporter
+    from studyrunner.orchestrate.attempt import TuneReporter
 
     sent = []
 
@@ -150,7 +150,7 @@ def test_background_reports_arrive_in_order_before_finish_returns():
 
 
 def test_background_report_error_is_raised_on_the_training_thread():
-    from studyrunner.orchestrate.trainable import TuneReporter
+    from studyrunner.orchestrate.attempt import TuneReporter
 
     def stopped(result):
         raise SystemExit(0)  # what tune.report does when Tune stops the trial

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from studyrunner.spec import compile_study, loads
+from studyrunner.study import compile_study, loads
 from studyrunner.tasks import build_task
 from studyrunner.tasks.registry import TASKS
 from studyrunner.train import MemoryReporter, run_trial

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from studyrunner.analysis import claims as claims_mod
 from studyrunner.analysis import data as data_mod
 from studyrunner.cli import app
-from studyrunner.spec.claims_grammar import parse_claim
+from studyrunner.study.claims_grammar import parse_claim
 
 runner = CliRunner()
 

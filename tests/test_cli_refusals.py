@@ -5,7 +5,7 @@ from analysis_ledger import build, loglinear_outcome, study_text
 from typer.testing import CliRunner
 
 from studyrunner.cli import app
-from studyrunner.spec.claims_grammar import MAX_DEPTH, GrammarError, parse_rule
+from studyrunner.study.claims_grammar import MAX_DEPTH, GrammarError, parse_rule
 
 runner = CliRunner()
 

@@ -36,8 +36,8 @@ from conftest import TINY_STUDY
 from test_faults import without_timing
 from test_ledger import postgres_url  # noqa: F401 - the fixture: a throwaway PostgreSQL server
 
-from studyrunner.spec import compile_study, loads
 from studyrunner.store import STATUSES, CurveStore, Ledger
+from studyrunner.study import compile_study, loads
 from studyrunner.train import run_trial
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -24,9 +24,9 @@ from mlflow import MlflowClient
 from studyrunner.errors import StudyrunnerError
 from studyrunner.orchestrate import RerunSelection, RunOptions, ensure_ray, rerun, submit
 from studyrunner.orchestrate.capacity import DRIVER_CPU, check_cluster_fits, concurrent_runs
-from studyrunner.spec import compile_study, loads
-from studyrunner.spec.schema import Resources
 from studyrunner.store import CurveStore, Ledger
+from studyrunner.study import compile_study, loads
+from studyrunner.study.schema import Resources
 from studyrunner.train import MemoryReporter, run_trial
 from studyrunner.workspace import Workspace
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import TINY_STUDY
 
-from studyrunner.spec import compile_study, loads
+from studyrunner.study import compile_study, loads
 from studyrunner.tasks import Batch
 from studyrunner.train import MemoryReporter, run_trial
 from studyrunner.train import device as device_mod
@@ -273,7 +273,7 @@ def test_module_level_imports_are_torch_numpy_pydantic_stdlib_or_each_other():
 
 def test_the_trainable_runs_on_the_gpu_ray_assigned(monkeypatch):
     ray = pytest.importorskip("ray")
-    from studyrunner.orchestrate import trainable as mod
+    from studyrunner.orchestrate import attempt as mod
 
     cases = [([], None, "cpu"), (["3"], "3", "cuda:0"), ([3], "1,3", "cuda:1"), (["2"], None, "cuda:2")]
     for ids, visible, expected in cases:
@@ -287,7 +287,7 @@ def test_the_trainable_runs_on_the_gpu_ray_assigned(monkeypatch):
 
 def test_the_tune_reporter_sends_facts_with_the_next_record(monkeypatch):
     pytest.importorskip("ray")
-    from studyrunner.orchestrate import trainable as mod
+    from studyrunner.orchestrate import attempt as mod
 
     sent = []
     monkeypatch.setattr(mod.tune, "report", sent.append)

@@ -18,8 +18,8 @@ from conftest import TINY_STUDY
 from mlflow import MlflowClient
 
 from studyrunner.orchestrate import ensure_ray, submit
-from studyrunner.spec import compile_study, loads
 from studyrunner.store import Ledger
+from studyrunner.study import compile_study, loads
 from studyrunner.train import run_trial
 from studyrunner.workspace import Workspace
 

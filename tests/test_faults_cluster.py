@@ -11,8 +11,8 @@ import pytest
 from test_faults import study_text, trial_runs, without_timing
 
 from studyrunner.orchestrate import submit
-from studyrunner.spec import compile_study, loads
 from studyrunner.store import Ledger
+from studyrunner.study import compile_study, loads
 from studyrunner.train import run_trial
 from studyrunner.workspace import Workspace
 

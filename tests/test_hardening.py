@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from studyrunner.cli import app
 from studyrunner.errors import SpecError, StudyrunnerError
-from studyrunner.spec import compile_study, load_and_compile, loads
+from studyrunner.study import compile_study, load_and_compile, loads
 from studyrunner.tasks.phop import gap_acceptance, hop_answers, sample_phop
 
 runner = CliRunner()
@@ -165,7 +165,7 @@ def test_integral_floats_stay_accepted_for_ints_and_hash_like_ints():
 
 
 def test_the_json_schema_and_the_loader_agree_on_a_quoted_number():
-    from studyrunner.spec.jsonschema import study_json_schema
+    from studyrunner.study.jsonschema import study_json_schema
 
     looped = next(
         v for v in study_json_schema()["properties"]["model"]["anyOf"] if v["properties"]["family"]["const"] == "looped"
@@ -387,7 +387,7 @@ def test_version():
 
 
 def test_an_unexpected_error_is_one_line_with_a_debug_hint(monkeypatch, tmp_path):
-    import studyrunner.spec as spec
+    import studyrunner.study as spec
 
     def boom(_path):
         raise RuntimeError("something broke\nsecond line")
@@ -410,7 +410,7 @@ def test_studyrunner_error_is_a_one_line_exit_code():
 
 def test_cluster_capacity_check_names_the_resource_and_the_largest_node():
     from studyrunner.orchestrate.capacity import check_cluster_fits
-    from studyrunner.spec.schema import Resources
+    from studyrunner.study.schema import Resources
 
     nodes = [
         {"Alive": True, "Resources": {"CPU": 2.0, "memory": 8 * 1024**3}},

@@ -9,8 +9,8 @@ from mlflow import MlflowClient
 
 from studyrunner import results
 from studyrunner.orchestrate import RerunSelection, RunOptions, ensure_ray, rerun, submit
-from studyrunner.spec import compile_study, loads
 from studyrunner.store import CurveStore, Ledger
+from studyrunner.study import compile_study, loads
 from studyrunner.workspace import Workspace
 
 

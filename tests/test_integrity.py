@@ -27,8 +27,8 @@ from conftest import TINY_STUDY
 from mlflow import MlflowClient
 from test_faults import EXE, TIMING, cli, finish, statuses, study_text, trial_runs, wait_for
 
-from studyrunner.spec import compile_study, loads
 from studyrunner.store import CurveStore, Ledger
+from studyrunner.study import compile_study, loads
 from studyrunner.train import MemoryReporter, run_trial
 from studyrunner.workspace import Workspace
 

@@ -12,8 +12,8 @@ import pytest
 from conftest import TINY_STUDY
 
 from studyrunner.results import trials_frame
-from studyrunner.spec import compile_study, loads
 from studyrunner.store import Ledger
+from studyrunner.study import compile_study, loads
 
 
 def _pg_bin() -> str | None:

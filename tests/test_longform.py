@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 from studyrunner import results
 from studyrunner.cli import app
 from studyrunner.errors import StudyrunnerError
-from studyrunner.spec import compile_study, flatten_config, loads
 from studyrunner.store import Ledger, longform
 from studyrunner.store.db import Base, CellParamRow, CellRow, StudyRow, TrialMetricRow, TrialRow
+from studyrunner.study import compile_study, flatten_config, loads
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 runner = CliRunner()

@@ -26,9 +26,9 @@ from studyrunner.errors import StudyrunnerError
 from studyrunner.orchestrate.mlflow_guard import MlflowGuard
 from studyrunner.orchestrate.mlflow_sync import sync_mlflow
 from studyrunner.orchestrate.tracking import HTTP_DEFAULTS, Tracker
-from studyrunner.spec import compile_study, loads
 from studyrunner.store import CurveStore, Ledger
 from studyrunner.store.db import TrialRow
+from studyrunner.study import compile_study, loads
 
 STUDY = """\
 name: degraded

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from studyrunner.spec import load_and_compile
+from studyrunner.study import load_and_compile
 
 ROOT = Path(__file__).resolve().parent.parent
 

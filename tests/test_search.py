@@ -21,9 +21,9 @@ from studyrunner.analysis.summary import analyze
 from studyrunner.errors import SpecError
 from studyrunner.orchestrate import RerunSelection, RunOptions, ensure_ray, rerun, resume, submit
 from studyrunner.orchestrate.search import OPTUNA_SCHEMA, open_storage, optuna_location, seeded_sampler
-from studyrunner.spec import compile_study, loads
-from studyrunner.spec.compiler import search_cell
 from studyrunner.store import Ledger
+from studyrunner.study import compile_study, loads
+from studyrunner.study.compiler import search_cell
 from studyrunner.workspace import Workspace
 
 EXE = [sys.executable, "-m", "studyrunner.cli"]
@@ -134,7 +134,7 @@ def test_the_json_schema_describes_ranges_as_they_are_written():
     import jsonschema
     import yaml
 
-    from studyrunner.spec.jsonschema import study_json_schema
+    from studyrunner.study.jsonschema import study_json_schema
 
     schema = study_json_schema()
     shipped = yaml.safe_load((Path(__file__).parents[1] / "studies" / "quickstart_lr_search.yaml").read_text())

@@ -8,8 +8,8 @@ from typer.testing import CliRunner
 
 from studyrunner.cli import app
 from studyrunner.errors import SpecError
-from studyrunner.spec import compile_study, load, loads
-from studyrunner.spec.jsonschema import study_json_schema
+from studyrunner.study import compile_study, load, loads
+from studyrunner.study.jsonschema import study_json_schema
 
 # The same study as TINY_STUDY, written differently: key order, block style, number formatting.
 TINY_RESTYLED = """\

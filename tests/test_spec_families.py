@@ -4,7 +4,7 @@ what `validate` rejects about them (issue 15, items 3, 4, 8)."""
 import pytest
 
 from studyrunner.errors import SpecError
-from studyrunner.spec import compile_study, loads
+from studyrunner.study import compile_study, loads
 
 BASE = """\
 name: fam

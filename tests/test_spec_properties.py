@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from studyrunner.errors import SpecError
-from studyrunner.spec import compile_study, loads
+from studyrunner.study import compile_study, loads
 
 ADDITION_STUDY = """\
 name: add

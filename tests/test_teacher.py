@@ -12,8 +12,8 @@ from studyrunner.cli import app
 from studyrunner.errors import StudyrunnerError
 from studyrunner.orchestrate import ensure_ray, submit
 from studyrunner.orchestrate.teachers import resolve_teachers
-from studyrunner.spec import compile_study, loads
 from studyrunner.store import Ledger
+from studyrunner.study import compile_study, loads
 from studyrunner.train.checkpoint import final_weights
 from studyrunner.train.trainer import build_trial
 from studyrunner.workspace import Workspace

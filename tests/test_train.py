@@ -5,7 +5,7 @@ import math
 import pytest
 from conftest import TINY_STUDY
 
-from studyrunner.spec import compile_study, loads
+from studyrunner.study import compile_study, loads
 from studyrunner.train import MemoryReporter, run_trial
 from studyrunner.train.optim import lr_at
 

@@ -5,7 +5,7 @@ import pytest
 
 from studyrunner.errors import SpecError
 from studyrunner.models.output import AUX_TERMS
-from studyrunner.spec import compile_study, loads
+from studyrunner.study import compile_study, loads
 from studyrunner.train import MemoryReporter, run_trial
 from studyrunner.train.schedules import aux_weights, linear_warmup
 

@@ -10,7 +10,7 @@ import pytest
 from studyrunner.errors import SpecError
 from studyrunner.models import build_model
 from studyrunner.models.representations import representation_names
-from studyrunner.spec import compile_study, loads
+from studyrunner.study import compile_study, loads
 from studyrunner.tasks import build_task
 from studyrunner.train import MemoryReporter, run_trial
 from studyrunner.train.evaluation import evaluate, spearman
@@ -180,7 +180,7 @@ def test_analysis_reads_budget_columns_as_test_time_depth():
 def test_representation_diagnostics_can_be_turned_off_without_changing_the_cell_hash():
     from conftest import TINY_STUDY
 
-    from studyrunner.spec import compile_study, loads
+    from studyrunner.study import compile_study, loads
 
     def with_eval(extra: str):
         base = "eval: {every: 6, examples: 32"

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from studyrunner.models import ModelOutput, build_model
-from studyrunner.spec.compiler import resolve
+from studyrunner.study.compiler import resolve
 from studyrunner.tasks import Batch, build_task
 from studyrunner.tasks.charlm import VOCAB, encoded_text, load_text
 from studyrunner.train import MemoryReporter, run_trial

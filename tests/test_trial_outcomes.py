@@ -12,10 +12,10 @@ import pytest
 from conftest import TINY_STUDY
 
 from studyrunner.errors import SpecError
-from studyrunner.orchestrate import trainable as mod
-from studyrunner.orchestrate.trainable import KILL_MARKER, TuneReporter, run_attempt
+from studyrunner.orchestrate import attempt as mod
+from studyrunner.orchestrate.attempt import KILL_MARKER, TuneReporter, run_attempt
 from studyrunner.provenance import provenance
-from studyrunner.spec import compile_study, loads
+from studyrunner.study import compile_study, loads
 from studyrunner.train import Diverged, MemoryReporter, run_trial
 from studyrunner.train.checkpoint import Checkpoints, LocalStorage, default_every
 

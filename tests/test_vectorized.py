@@ -13,7 +13,7 @@ import pytest
 from conftest import TINY_STUDY
 
 from studyrunner.models.looped import LoopedTransformer
-from studyrunner.spec import compile_study, loads
+from studyrunner.study import compile_study, loads
 from studyrunner.train import Diverged, MemoryReporter, run_trial
 from studyrunner.train.vectorized import run_trials_together
 

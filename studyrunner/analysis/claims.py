@@ -1,6 +1,6 @@
 """`studyrunner verify`: each declared claim evaluated with a suitable test and a 95% interval.
 
-A claim compares two sides (see `studyrunner.spec.claims_grammar` for the grammar). The verdict comes
+A claim compares two sides (see `studyrunner.study.claims_grammar` for the grammar). The verdict comes
 from an interval of the difference lhs − rhs (or of the one quantity against a number), except for
 failure rates, which are decided by exact one-sided tests (below):
 
@@ -55,7 +55,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from ..errors import StudyrunnerError
-from ..spec.claims_grammar import Claim, GrammarError, Number, Quantity, parse_claim
+from ..study.claims_grammar import Claim, GrammarError, Number, Quantity, parse_claim
 from . import fits, robust
 from .data import StudyData
 from .stats import (

@@ -20,8 +20,8 @@ from typing import Any
 import pandas as pd
 
 from ..errors import SpecError, StudyrunnerError
-from ..spec.claims_grammar import GrammarError, Rule, parse_rule, selector_column, values_equal
 from ..store import CurveStore, Ledger
+from ..study.claims_grammar import GrammarError, Rule, parse_rule, selector_column, values_equal
 from .search import search_frame
 
 DONE = ("succeeded", "failed", "diverged")
@@ -86,7 +86,7 @@ class StudyData:
             warnings.warn(line, stacklevel=3)
 
     def column_for(self, key: str) -> str:
-        """The trial-frame column a selector key names (`spec.claims_grammar.selector_column`)."""
+        """The trial-frame column a selector key names (`study.claims_grammar.selector_column`)."""
         column, leaves = selector_column(key, self.config_columns, self.varied_columns)
         if column is not None:
             return column
@@ -182,7 +182,7 @@ def load(
     spec, compiled = None, None
     path = Path(study)
     if path.suffix in (".yaml", ".yml") or path.is_file():
-        from ..spec import load_and_compile
+        from ..study import load_and_compile
 
         compiled = load_and_compile(path)
         spec = compiled.study
@@ -269,7 +269,7 @@ def mixed_code_versions(trials: pd.DataFrame, provenance: dict[str, dict[str, An
 def _spec_from_text(text: str, name: str):
     """(spec, compiled, error): the stored study file, parsed and compiled; spec None and the reason when
     today's schema no longer accepts it (claims, rule and metric then come from nowhere: say so)."""
-    from ..spec import compile_study, loads
+    from ..study import compile_study, loads
 
     try:
         spec = loads(text, source=f"<study {name} in the ledger>")

@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from ..spec.claims_grammar import Rule, parse_rule
+from ..study.claims_grammar import Rule, parse_rule
 
 FAILED = ("failed", "diverged")
 

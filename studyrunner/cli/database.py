@@ -130,6 +130,6 @@ def sync_mlflow(
 @app.command()
 def schema():
     """Print the JSON Schema of study files (for editor autocompletion)."""
-    from ..spec.jsonschema import study_json_schema
+    from ..study.jsonschema import study_json_schema
 
     sys.stdout.write(json.dumps(study_json_schema(), indent=2) + "\n")

@@ -34,7 +34,7 @@ from .common import (
 @user_errors
 def validate(file: StudyFile):
     """Check a study file (schema, family and task params, grid) without running it."""
-    from ..spec import load_and_compile
+    from ..study import load_and_compile
 
     compiled = load_and_compile(file)
     warn(compiled.warnings)
@@ -62,7 +62,7 @@ def plan(file: StudyFile):
     import torch
 
     from ..models import build_model, count_params
-    from ..spec import load_and_compile
+    from ..study import load_and_compile
     from ..tasks import build_task
 
     compiled = load_and_compile(file)

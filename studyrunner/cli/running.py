@@ -51,7 +51,7 @@ def submit(
 ):
     """Compile a study and run its new, pending and interrupted trials (failed ones: `rerun`)."""
     from ..orchestrate import submit as run
-    from ..spec import compile_study, load
+    from ..study import compile_study, load
 
     study = load(file)
     if as_new_study is not None:
@@ -67,7 +67,7 @@ def submit(
 
 
 def _renamed(study, name: str):
-    from ..spec.schema import Study
+    from ..study.schema import Study
 
     try:
         Study.model_validate({"name": name, **{k: v for k, v in study.model_dump().items() if k != "name"}})
@@ -194,8 +194,8 @@ def cancel(study: StudyName, db: DbOpt = None, workspace: WorkspaceOpt = None):
 
 def _print_summary(ws, name: str) -> None:
     from ..results import cell_summary, trials_frame
-    from ..spec import loads
     from ..store import Ledger
+    from ..study import loads
 
     ledger = Ledger(ws.db_url)
     metric = loads(ledger.get_study(name).spec_text).metric

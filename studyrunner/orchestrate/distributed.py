@@ -10,7 +10,7 @@ checkpoint.
 
 Reports. Rank 0 runs the plain trainable's `run_attempt`, its reports put on a Ray queue this trial
 made; a thread here hands them to `tune.report` in order, so the driver reads the protocol of any trial
-(trainable.py) and records it unchanged: records, notes, checkpoints, the replay of a resume, the final
+(attempt.py) and records it unchanged: records, notes, checkpoints, the replay of a resume, the final
 report. The other workers report nothing; they stop with rank 0 on its divergence rule (the engine
 agrees on it) and on a non-finite loss (every worker sees the same one).
 
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .trainable import Report, _describe, assigned_device, is_infrastructure, run_attempt
+from .attempt import Report, _describe, assigned_device, is_infrastructure, run_attempt
 
 # A collective failing is a peer or the network, not the trial's code (gloo's words for a lost peer).
 COLLECTIVE_FAILURES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout")
@@ -228,7 +228,7 @@ def _follow(trial: dict[str, Any], device: str) -> None:
     trial is rank 0's to report; any other exception fails the run, so rank 0 does not wait for this one."""
     from ..train import run_trial
     from ..train.outcomes import Diverged
-    from .trainable import InjectedFault
+    from .attempt import InjectedFault
 
     torch.set_num_threads(max(1, int(trial["threads"])))
     if trial.get("inject_fault"):

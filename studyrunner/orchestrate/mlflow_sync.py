@@ -29,10 +29,10 @@ from types import SimpleNamespace
 from rich.console import Console
 
 from ..errors import StudyrunnerError
-from ..spec import Cell, Trial
 from ..store import CurveStore, Ledger
 from ..store.curves import CurveUnreadable
 from ..store.db import CellRow, StudyRow, TrialRow
+from ..study import Cell, Trial
 from ..workspace import checkpoint_location
 from .mlflow_guard import first_line
 from .tracking import RUN_STATUS, Points, RunHistory, Tracker, final_points, gone, record_points
@@ -257,7 +257,7 @@ class _Sync:
     def cell_aggregates(self, cell_hashes: set[str]) -> None:
         """The seed aggregates the driver logs on a cell's parent run as seeds finish, at the last count."""
         from ..analysis.live import rule_from, seed_aggregates
-        from ..spec import loads
+        from ..study import loads
 
         try:
             spec = loads(self.study.spec_text, source=self.spec.source)

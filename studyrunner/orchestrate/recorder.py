@@ -1,7 +1,7 @@
 """Driver-side recording of every trial event: ledger rows and attempts, MLflow runs, Parquet curves.
 
 How each way a trial attempt ends is recorded (the trainable ends every attempt it survives with one
-final report saying which: trainable.py):
+final report saying which: attempt.py):
 - `succeeded` / `diverged` (final metrics kept: a diverged seed is a data point) / code or config
   `error` (failed, not retried): from the final report, in `on_trial_complete`;
 - the worker died, ran out of memory or lost its node (infrastructure): Ray Tune retries it up to the
@@ -29,9 +29,9 @@ from typing import Any
 
 from ray import cloudpickle
 
-from ..spec import CompiledStudy, Trial
 from ..store import CurveStore, Ledger
 from ..store.curves import CurveUnreadable
+from ..study import CompiledStudy, Trial
 from .driver_callback import DriverCallback
 from .faults import kill_driver_at
 from .mlflow_guard import MlflowGuard

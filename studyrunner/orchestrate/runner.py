@@ -20,11 +20,11 @@ from rich.markup import escape
 from rich.text import Text
 
 from ..errors import StudyrunnerError
-from ..spec import CompiledStudy
-from ..spec.extension import changed_fields
 from ..store import STATUSES, CurveStore, Ledger
 from ..store.ledger import STALE_AFTER_S, SUBMIT_RUNS
 from ..store.ledger import probe as probe_ledger
+from ..study import CompiledStudy
+from ..study.extension import changed_fields
 from ..workspace import Workspace, checkpoint_location
 from .capacity import check_cluster_fits, concurrent_runs, trial_resources, trials_at_once
 from .driver_callback import CancelStopper
@@ -139,7 +139,7 @@ def submit(
     """Register the study file and run its new, pending, cancelled and interrupted trials.
 
     Failed and diverged trials are left to `rerun`. An edit that changes what cells that already ran
-    mean is refused (spec/extension.py)."""
+    mean is refused (study/extension.py)."""
     console = console or Console(stderr=True)
     options = options or RunOptions(**option_fields)
     ledger, tracker = _open_stores(workspace)
@@ -216,7 +216,7 @@ def _open_stores(workspace: Workspace, create: bool = True) -> tuple[Ledger, Tra
 
 def stored_study(ledger: Ledger, name: str) -> CompiledStudy:
     """The study as last submitted (the ledger keeps its file), compiled again."""
-    from ..spec import compile_study, loads
+    from ..study import compile_study, loads
 
     row = ledger.get_study(name)
     compiled = compile_study(loads(row.spec_text, source=f"<study {name} as last submitted>"))

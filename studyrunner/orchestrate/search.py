@@ -1,4 +1,4 @@
-"""Optuna searches through Ray Tune (`search:` in a study file; the block's rules are spec/search.py's).
+"""Optuna searches through Ray Tune (`search:` in a study file; the block's rules are study/search.py's).
 
 Each grid cell of a search study (the study itself when it has no grid) runs one search: an Optuna study named
 `STUDY` (`STUDY.GRIDCELLHASH` with a grid) that Ray Tune's `OptunaSearch` asks for configurations. A
@@ -46,11 +46,12 @@ from ray.tune.search import Searcher
 from sqlalchemy import inspect, make_url, text
 
 from ..errors import SpecError, StudyrunnerError
-from ..spec import CompiledStudy, Trial
-from ..spec.compiler import Cell, search_cell, with_cells
 from ..store import Ledger
 from ..store.db import FINISHED, make_engine
 from ..store.ledger import database_errors
+from ..study import CompiledStudy, Trial
+from ..study.compiled import Cell
+from ..study.compiler import search_cell, with_cells
 
 OPTUNA_SCHEMA = "studyrunner_optuna"
 TOLD = ("complete", "failed")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import StudyrunnerError
-from ..spec import CompiledStudy
 from ..store import Ledger
+from ..study import CompiledStudy
 
 
 @dataclass(frozen=True)

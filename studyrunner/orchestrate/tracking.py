@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import StudyrunnerError
-from ..spec import Cell, Trial, flatten_config
+from ..study import Cell, Trial, flatten_config
 
 MAX_PARAM_LEN = 6000  # MLflow's limit for a param value
 # The ledger's trial status as an MLflow run status (the `status` tag says which of them it was).

@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import delete, insert
 from sqlalchemy.orm import Session
 
-from ..spec import canonical_json, flatten_config
+from ..study import canonical_json, flatten_config
 from .db import CellParamRow, TrialMetricRow
 
 

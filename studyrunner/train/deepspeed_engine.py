@@ -53,7 +53,7 @@ from .engine import check_finite, check_schedule, schedule_state
 from .progress import Progress
 
 if TYPE_CHECKING:
-    from .trainer import TrialSetup
+    from .setup import TrialSetup
 
 TAG = "state"  # the one DeepSpeed checkpoint tag in each (temporary) checkpoint folder
 

@@ -10,14 +10,15 @@ evaluate, checkpoint, until done. What differs between engines is behind `Engine
   data-parallel workers of a `torch.distributed` process group, each running the same `run_trial`;
   DeepSpeed ZeRO partitions the optimizer state (and gradients, and parameters) over them.
 
-The methods each take the trial (`trainer.TrialSetup`), so an engine holds only what it adds.
+The methods each take the trial (`setup.TrialSetup`), so an engine holds only what it adds. The `Engine`
+protocol lives in setup.py beside it; `trainer.make_engine` picks one.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import torch
 
@@ -27,43 +28,7 @@ from .checkpoint import CheckpointMismatch, Checkpoints, capture_rng, restore_rn
 from .outcomes import Diverged
 from .progress import Progress
 from .schedules import aux_weights
-
-if TYPE_CHECKING:
-    from .trainer import TrialSetup
-
-
-class Engine(Protocol):
-    """What `run_trial` asks of whatever computes a trial's steps."""
-
-    # Does this process report? The plain engine's one process does; of DeepSpeed's workers, rank 0.
-    leader: bool
-
-    def step(self, trial: TrialSetup, progress: Progress) -> tuple[float, int]:
-        """One optimizer step on the batch of `progress.step` (advancing `progress`); returns its learning
-        rate and the tokens of the whole batch. Raises Diverged on a non-finite loss."""
-
-    def save(self, store: Checkpoints, trial: TrialSetup, progress: Progress) -> None:
-        """Write the checkpoint after `progress.step` steps to `store`."""
-
-    def resume(self, store: Checkpoints, trial: TrialSetup) -> Progress:
-        """Load the newest intact checkpoint in `store` into the trial; its progress (or a fresh one)."""
-
-    def agree(self, stop: bool) -> bool:
-        """Whether the trial stops here: `stop` is this process's view (its reporter raised Diverged);
-        every process of the trial must reach the same answer, so a distributed engine combines them."""
-
-    def facts(self) -> dict[str, str]:
-        """How this engine runs the trial, added to the trial's runtime facts (MLflow `runtime.*`)."""
-
-
-def make_engine(trial: TrialSetup) -> Engine:
-    """The engine `train.engine` names; deepspeed is imported only for the trials that use it."""
-    if trial.train.get("engine") == "deepspeed":
-        from .deepspeed_engine import DeepSpeedEngine
-
-        return DeepSpeedEngine(trial)
-    return PlainEngine()
-
+from .setup import TrialSetup
 
 # ------------------------------------------------------------------------------------- the plain loop
 

@@ -32,13 +32,12 @@ the plain loop in this process, or DeepSpeed, where every data-parallel worker r
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ..models import build_model, count_params
-from ..tasks import Batch, Task, build_task
+from ..tasks import build_task
 from .checkpoint import (
     Checkpoints,
     CheckpointStorage,
@@ -46,12 +45,11 @@ from .checkpoint import (
     open_storage,
 )
 from .device import Runtime
-from .engine import Engine, PlainEngine, make_engine, train_step
+from .engine import PlainEngine, train_step
 from .engine import capture_state as _capture  # noqa: F401 - benchmarks/utilisation.py times it
 from .evaluation import EVAL_CHUNK, evaluate, evaluate_and_record
-from .optim import lr_at, make_optimizer
+from .optim import make_optimizer
 from .outcomes import Diverged
-from .prefetch import Prefetcher, prefetch_enabled
 from .progress import Progress
 from .reporter import (
     MemoryReporter,
@@ -64,6 +62,7 @@ from .reporter import (
     send_start,
     send_tick,
 )
+from .setup import Engine, TrialSetup
 
 __all__ = [
     "EVAL_CHUNK",
@@ -167,55 +166,6 @@ def _log(trial: TrialSetup, reporter: Reporter, progress: Progress, step: int, r
         raise Diverged(step, f"the divergence rule held at step {step} (on the reporting worker)")
 
 
-@dataclass
-class TrialSetup:
-    """The built parts of a trial: task, model, optimizer, eval sets (on the device) and the knobs the
-    loop reads. `step_model` is what a training step calls: `model`, or it compiled (same weights)."""
-
-    train: dict[str, Any]
-    ev: dict[str, Any]
-    task: Task
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    splits: dict[str, Batch]
-    static: dict[str, float]  # params, effective_depth
-    grad_groups: dict[str, list[torch.nn.Parameter]]
-    runtime: Runtime
-    step_model: torch.nn.Module
-    nan_at: int | None = None  # testing hook: the step whose loss is made NaN (see run_trial)
-    batches: Prefetcher | None = None  # train batches made ahead, while one runs (prefetch.py)
-    engine: Engine = field(default_factory=PlainEngine)  # what computes steps and checkpoints (engine.py)
-
-    @property
-    def steps(self) -> int:
-        return self.train["steps"]
-
-    def lr(self, step: int) -> float:
-        t = self.train
-        return lr_at(step, lr=t["lr"], steps=t["steps"], warmup_steps=t["warmup_steps"], min_lr_ratio=t["min_lr_ratio"])
-
-    def record_due(self, done: int) -> bool:
-        return done % self.train["log_every"] == 0 or done == self.steps
-
-    def batch(self, step: int) -> Batch:
-        """The train batch of `step` on the device: the prefetcher's when one runs, else made now."""
-        if self.batches is not None:
-            return self.batches.get(step)
-        return self.runtime.to_device(self.task.train_batch(step, self.train["batch_size"]))
-
-    def prefetch_from(self, step: int) -> None:
-        """Make the batches of `step`..`steps - 1` ahead in a thread, where that pays (prefetch.py)."""
-        if prefetch_enabled(self.runtime.device) and step < self.steps:
-            size = self.train["batch_size"]
-            make = lambda s: self.task.train_batch(s, size)  # noqa: E731
-            self.batches = Prefetcher(make, step, self.steps, device=self.runtime.device)
-
-    def stop_prefetch(self) -> None:
-        if self.batches is not None:
-            self.batches.close()
-            self.batches = None
-
-
 def build_trial(
     config: dict[str, Any],
     seed: int,
@@ -249,6 +199,15 @@ def build_trial(
     trial = TrialSetup(train, ev, task, model, optimizer, splits, static, grad_groups, runtime, step_model)
     trial.engine = make_engine(trial)  # last: DeepSpeed takes over the model and optimizer built above
     return trial
+
+
+def make_engine(trial: TrialSetup) -> Engine:
+    """The engine `train.engine` names (engine.py); deepspeed is imported only for the trials that use it."""
+    if trial.train.get("engine") == "deepspeed":
+        from .deepspeed_engine import DeepSpeedEngine
+
+        return DeepSpeedEngine(trial)
+    return PlainEngine()
 
 
 def weights_bytes(model: torch.nn.Module) -> int:

@@ -10,7 +10,6 @@ from typing import Any
 
 from .errors import spec_error
 from .schema import AXIS_ROOTS, Study
-from .search import check_search
 
 
 def axis_path_problem(path: str) -> str | None:
@@ -58,3 +57,28 @@ def check_study(study: Study, source: str, node: Any) -> None:
                 varied = ", ".join(seen) or "none"
                 fail(("exclude", i, path), f"no grid or zip axis varies this path; varied paths: {varied}")
     check_search(study, fail)
+
+
+def check_search(study, fail) -> None:
+    """Cross-field rules of `search:` (the paths, the sampler against the space), each naming its entry."""
+    search = study.search
+    if search is None:
+        return
+    varied = {path: "grid" for path in study.grid}
+    varied.update({path: f"zip[{g}]" for g, group in enumerate(study.zip) for path in group})
+    for path, domain in search.space.items():
+        if problem := axis_path_problem(path):
+            fail(("search", "space", path), problem.replace("axis", "path", 1))
+        if path in varied:
+            fail(
+                ("search", "space", path),
+                f"path is also varied in {varied[path]}; vary it in one place (a search runs in each grid cell)",
+            )
+        if search.sampler == "cmaes" and domain.kind == "choice":
+            fail(
+                ("search", "sampler"),
+                f"cmaes samples numeric ranges only, and {path} is a choice; use sampler tpe, gp or random, "
+                "or give the path an {int: [low, high]} or {uniform: [low, high]} range",
+            )
+    if study.baselines:
+        fail(("baselines",), "matched baselines belong to grids, not searches; run them as a grid study")

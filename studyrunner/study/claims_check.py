@@ -13,20 +13,16 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from .canonical import flatten_config
 from .claims_grammar import Number, parse_claim, selector_column, values_equal
+from .compiled import CompiledStudy
 from .errors import spec_error
-
-if TYPE_CHECKING:
-    from .compiler import CompiledStudy
 
 
 def check_claims(compiled: CompiledStudy, reports: Callable[[str], bool], reported: Callable[[], set[str]]) -> None:
     """Raise a SpecError for the first claim this study cannot answer. `reports(name)`: whether a trial
     reports the metric; `reported()`: every name, for the message."""
-    from .compiler import flatten_config
-
     study = compiled.study
     if not study.claims:
         return

@@ -8,11 +8,8 @@ their key order, number formatting or YAML style.
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
-import json
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -21,85 +18,14 @@ from ..errors import SpecError
 from ..models import get_family
 from ..tasks import get_task
 from .baselines import add_baselines
+from .canonical import canonical_json, config_hash, trial_key
+from .compiled import Cell, CompiledStudy, Trial
 from .errors import describe, dotted, spec_error
 from .feasibility import check_feasible
 from .knobs import knob_problem, resources_problem
 from .schema import EvalSection, Study, TrainSection
 
 MAX_TRIALS = 1_000_000
-
-
-@dataclass(frozen=True)
-class Cell:
-    cell_hash: str
-    config: dict[str, Any]  # resolved {task, model, train, eval}
-    overrides: dict[str, Any]  # axis path -> value that makes this cell
-    label: str
-    # (kind, looped cell_hash) for every looped cell this cell is a matched baseline of (`baselines:`)
-    baseline_of: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class Trial:
-    trial_key: str
-    study: str
-    cell_hash: str
-    seed: int
-    config: dict[str, Any]
-    label: str
-
-
-@dataclass(frozen=True)
-class CompiledStudy:
-    study: Study
-    cells: list[Cell]
-    trials: list[Trial] = field(default_factory=list)
-    # Suspicious but runnable settings, one line each (`file:line: field: message`); shown, never fatal.
-    warnings: list[str] = field(default_factory=list)
-    # A search study (`search:`): the grid cells its searches run in (the base config alone without a grid).
-    # Its `cells` are the configurations suggested so far, which only the ledger knows (orchestrate/search.py).
-    bases: list[Cell] = field(default_factory=list)
-
-    @property
-    def axes(self) -> list[str]:
-        """Varied paths, in file order (the paths `include` entries set last)."""
-        paths = list(self.study.grid) + [p for group in self.study.zip for p in group]
-        return paths + list(dict.fromkeys(p for extra in self.study.include for p in extra if p not in paths))
-
-
-def canonical_json(obj: Any) -> str:
-    """One text per value: sorted keys, no whitespace, shortest float repr, no NaN."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-
-
-def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{'model': {'params': {'loops': 4}}} -> {'model.params.loops': 4}; lists stay values."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(flatten_config(value, path + "."))
-        else:
-            flat[path] = value
-    return flat
-
-
-# Settings that change how a trial runs but not what it computes: left out of the hash, so turning
-# checkpoints on for an existing study keeps its cells and trial keys.
-UNHASHED = (("train", "checkpoint_every"),)
-
-
-def config_hash(config: dict[str, Any], n: int = 12) -> str:
-    hashed = copy.deepcopy(config)
-    for section, name in UNHASHED:
-        if isinstance(hashed.get(section), dict):
-            hashed[section].pop(name, None)
-    return hashlib.sha256(canonical_json(hashed).encode()).hexdigest()[:n]
-
-
-def trial_key(study: str, cell_hash: str, seed: int) -> str:
-    """Study name + hash of the canonical resolved config + seed: readable and unique per ledger."""
-    return f"{study}-{cell_hash}-s{seed}"
 
 
 class _Invalid(Exception):

@@ -1,15 +1,8 @@
 """Study files: schema, loading and compilation into cells and trials."""
 
-from .compiler import (
-    Cell,
-    CompiledStudy,
-    Trial,
-    canonical_json,
-    compile_study,
-    config_hash,
-    flatten_config,
-    trial_key,
-)
+from .canonical import canonical_json, config_hash, flatten_config, trial_key
+from .compiled import Cell, CompiledStudy, Trial
+from .compiler import compile_study
 from .loader import load, loads
 from .schema import Study
 

@@ -7,25 +7,20 @@ examples than the task has distinct problems, an `exclude` entry that matches no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..models import build_model, get_family
 from ..tasks import build_task
 from ..train.evaluation import depth_metric_names
 from ..train.metrics import TRAINER_METRICS
+from .canonical import canonical_json
 from .claims_check import check_claims
+from .compiled import CompiledStudy
 from .errors import spec_error
-
-if TYPE_CHECKING:
-    from .compiler import CompiledStudy
 
 MAX_EVAL_TOKENS = 50_000_000  # eval sets live in memory: inputs, targets and mask, 17 bytes a token
 MAX_MODELS_PROBED = 32  # distinct model configs built (on the meta device) to learn their diagnostics
 
 
 def _key(config: dict) -> str:
-    from .compiler import canonical_json
-
     return canonical_json(config)
 
 

@@ -242,7 +242,7 @@ class TrainSection(Strict):
             self.engine = None
         if self.engine == "deepspeed" and self.deepspeed is None:
             self.deepspeed = DeepSpeedSection()
-        return self  # train.deepspeed without the engine: rejected with the cell (spec/knobs.py)
+        return self  # train.deepspeed without the engine: rejected with the cell (study/knobs.py)
 
     @field_validator("betas")
     @classmethod

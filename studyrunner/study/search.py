@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from ..params import StrictParams
+from .canonical import canonical_json
 
 KINDS = ("loguniform", "uniform", "int", "choice")
 SAMPLERS = ("tpe", "gp", "cmaes", "random")
@@ -99,8 +100,6 @@ class Domain(BaseModel):
 
 
 def _choices(values: list) -> list:
-    from .compiler import canonical_json
-
     if len(values) < 2:
         raise ValueError("choice needs at least two values")
     for v in values:
@@ -146,30 +145,3 @@ class SearchSection(StrictParams):
     space: dict[str, Domain] = Field(
         min_length=1, description="Dotted path -> range, e.g. train.lr: {loguniform: [a, b]}."
     )
-
-
-def check_search(study, fail) -> None:
-    """Cross-field rules of `search:` (the paths, the sampler against the space), each naming its entry."""
-    search = study.search
-    if search is None:
-        return
-    from .checks import axis_path_problem
-
-    varied = {path: "grid" for path in study.grid}
-    varied.update({path: f"zip[{g}]" for g, group in enumerate(study.zip) for path in group})
-    for path, domain in search.space.items():
-        if problem := axis_path_problem(path):
-            fail(("search", "space", path), problem.replace("axis", "path", 1))
-        if path in varied:
-            fail(
-                ("search", "space", path),
-                f"path is also varied in {varied[path]}; vary it in one place (a search runs in each grid cell)",
-            )
-        if search.sampler == "cmaes" and domain.kind == "choice":
-            fail(
-                ("search", "sampler"),
-                f"cmaes samples numeric ranges only, and {path} is a choice; use sampler tpe, gp or random, "
-                "or give the path an {int: [low, high]} or {uniform: [low, high]} range",
-            )
-    if study.baselines:
-        fail(("baselines",), "matched baselines belong to grids, not searches; run them as a grid study")

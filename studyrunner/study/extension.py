@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .compiler import UNHASHED, CompiledStudy, flatten_config
+from .canonical import UNHASHED, flatten_config
+from .compiled import CompiledStudy
 
 _UNHASHED_PATHS = {f"{section}.{name}" for section, name in UNHASHED}
 

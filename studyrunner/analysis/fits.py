@@ -578,7 +578,8 @@ def _ratio_interval(f: Fit, r: Fit, param: str) -> tuple[float, float]:
     """Delta method on ln(p_f / p_r), the fits independent; t with the smaller degrees of freedom."""
     i = f._form.params.index(param)
     pf, pr = f._theta[i], r._theta[i]
-    se = math.sqrt(f.cov[i, i] / pf**2 + r.cov[i, i] / pr**2)
+    # an exact fit's variances can come out as -1e-33 rather than 0: rounding, not a negative variance
+    se = math.sqrt(max(0.0, f.cov[i, i] / pf**2 + r.cov[i, i] / pr**2))
     df = min(f.df.get(param, math.nan), r.df.get(param, math.nan))
     if not np.isfinite(df):
         return math.nan, math.nan

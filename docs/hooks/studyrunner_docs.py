@@ -23,17 +23,6 @@ import re
 from typing import Any
 
 MARKER = re.compile(r"^<!--\s*generated:\s*([a-z-]+)(?:\s+([a-z_]+))?\s*-->$", re.M)
-# The sections of a study file below the top level, in the order the reference shows them.
-SECTIONS = [
-    ("train", "TrainSection"),
-    ("train.deepspeed", "DeepSpeedSection"),
-    ("eval", "EvalSection"),
-    ("resources", "Resources"),
-    ("metric", "MetricSpec"),
-    ("search", "SearchSection"),
-    ("analysis", "AnalysisSection"),
-]
-SECTION_PATHS = {path for path, _ in SECTIONS}
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
@@ -71,6 +60,39 @@ def resolve(node: dict[str, Any]) -> dict[str, Any]:
     if len(options) == 1 and len(node["anyOf"]) == 2:
         return {**{k: v for k, v in node.items() if k != "anyOf"}, **resolve(options[0])}
     return node
+
+
+def ref_name(node: dict[str, Any]) -> str | None:
+    """The `$defs` entry a field refers to, directly or as an optional field."""
+    refs = [o["$ref"] for o in [node, *node.get("anyOf", [])] if "$ref" in o]
+    return refs[0].rsplit("/", 1)[1] if len(refs) == 1 else None
+
+
+def sections(obj: dict[str, Any], prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every section of a study file below the top level (`train`, `train.deepspeed`, ...), in the schema's
+    order, found by walking it: a section added to the schema gets its table with no edit here."""
+    out = []
+    for name, node in obj.get("properties", {}).items():
+        ref = ref_name(node)
+        if ref and "properties" in schema()["$defs"][ref]:
+            out.append((prefix + name, schema()["$defs"][ref]))
+            out += sections(schema()["$defs"][ref], f"{prefix}{name}.")
+    return out
+
+
+def model_at(path: str):
+    """The pydantic model of a section, by its dotted path ('' for the study itself)."""
+    from typing import get_args
+
+    from pydantic import BaseModel
+
+    from studyrunner.study import Study
+
+    cls = Study
+    for part in filter(None, path.split(".")):
+        annotation = cls.model_fields[part].annotation
+        cls = next(a for a in (annotation, *get_args(annotation)) if isinstance(a, type) and issubclass(a, BaseModel))
+    return cls
 
 
 def variants(section: str) -> dict[str, dict[str, Any]]:
@@ -122,6 +144,8 @@ def type_of(node: dict[str, Any]) -> str:
 
 
 def default_of(node: dict[str, Any], required: bool, owner: str | None, name: str) -> str:
+    """`owner`: the dotted path of the section the field is in ('' at the top level), or None for a family's
+    or task's parameters (whose defaults are all in the schema)."""
     if required:
         return "**required**"
     if "default" in node:
@@ -129,9 +153,7 @@ def default_of(node: dict[str, Any], required: bool, owner: str | None, name: st
     # A default made by a factory (a list, a section) is not in the JSON Schema: ask the pydantic model.
     from pydantic import BaseModel
 
-    from studyrunner.study import schema as study_schema
-
-    field = getattr(study_schema, owner).model_fields[name] if owner else None
+    field = model_at(owner).model_fields[name] if owner is not None else None
     if field is None or field.default_factory is None:
         return ""
     value = field.get_default(call_default_factory=True)
@@ -194,7 +216,7 @@ def field_rows(
         path = f"{prefix}{name}"
         anchor = f'<a id="{anchor_prefix}{name}"></a>' if anchor_prefix is not None else ""
         description = resolve(node).get("description", node.get("description", ""))
-        if path in SECTION_PATHS or path in ("model", "task"):
+        if "properties" in resolve(node) or path in ("model", "task"):
             description = f"{description} See [`{path}`](#{section_id(path)}).".strip()
         rows.append(
             "| "
@@ -224,14 +246,12 @@ def table(rows: list[str]) -> str:
 
 def study_file_reference() -> str:
     top = schema()
-    out = ["## Top level", "", table(field_rows(top, "", "", owner="Study")), ""]
-    defs = top["$defs"]
-    for path, name in SECTIONS:
-        section = defs[name]
+    out = ["## Top level", "", table(field_rows(top, "", "", owner="")), ""]
+    for path, section in sections(top):
         out += [f"## `{path}` {{#{section_id(path)}}}", ""]
         if section.get("description"):
             out += [cell(section["description"]), ""]
-        out += [table(field_rows(section, f"{path}.", f"{path}.", owner=name)), ""]
+        out += [table(field_rows(section, f"{path}.", f"{path}.", owner=path)), ""]
     out += search_space_forms()
     out += variant_reference("model", "family", "Model families")
     out += variant_reference("task", "name", "Tasks")

@@ -119,22 +119,27 @@ def schema_fields(schema: dict) -> set[str]:
     `task.TASK.PARAM` and `search.space.FORM`. Walked here independently of the page's generator."""
     defs = schema["$defs"]
 
-    def deref(node: dict) -> dict:
+    def objects(node: dict) -> list[dict]:
+        """The object schemas a field may hold (through `$ref`, `anyOf`, `oneOf`)."""
         if "$ref" in node:
-            return deref(defs[node["$ref"].rsplit("/", 1)[1]])
-        options = [o for o in node.get("anyOf", []) if o.get("type") != "null"]
-        return deref(options[0]) if len(options) == 1 else node
+            return objects(defs[node["$ref"].rsplit("/", 1)[1]])
+        if "properties" in node:
+            return [node]
+        return [o for option in node.get("anyOf", []) + node.get("oneOf", []) for o in objects(option)]
 
     def walk(obj: dict, prefix: str) -> set[str]:
         out = set()
         for name, node in obj.get("properties", {}).items():
             out.add(prefix + name)
-            inner = deref(node)
-            if "properties" in inner:
+            if prefix + name in ("model", "task"):
+                continue  # their params differ by family and task: below
+            for inner in objects(node):
                 out |= walk(inner, f"{prefix}{name}.")
-            extra = inner.get("additionalProperties")
-            if isinstance(extra, dict) and "oneOf" in deref(extra):  # search.space: path -> a range form
-                out |= {f"{prefix}{name}.{next(iter(f['properties']))}" for f in deref(extra)["oneOf"]}
+            extra = node.get("additionalProperties") or next(
+                (o.get("additionalProperties") for o in objects(node) if o.get("additionalProperties")), None
+            )
+            if isinstance(extra, dict):  # search.space: path -> a range form
+                out |= {f"{prefix}{name}.{next(iter(form['properties']))}" for form in objects(extra)}
         return out
 
     fields = walk(schema, "")

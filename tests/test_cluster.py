@@ -1,11 +1,11 @@
-"""A study on a real multi-node cluster, started with the README's "Running on a cluster" lines.
+"""A study on a real multi-node cluster, started with the manual's "Running on a cluster" lines.
 
 On this one machine: a Ray head (`ray start --head`, no CPUs) and two worker nodes (`ray start --address`),
 each worker in its own UTS namespace so its hostname differs (`unshare --uts`, root only); the ledger and
 MLflow's store on a throwaway PostgreSQL (two databases); an `mlflow server` on it; `moto_server` as the
-S3 object store behind `--storage s3://...`. The README's lines run as they are, with the test's values for
-their variables and, after them, what one shared machine needs (ports of its own, a `--temp-dir` of its
-own, `--block`, one CPU per worker): click takes an option's last value. A toy study saved as
+S3 object store behind `--storage s3://...`. The manual's lines (docs/guide/clusters.md) run as they are,
+with the test's values for their variables and, after them, what one shared machine needs (ports of its
+own, a `--temp-dir` of its own, `--block`, one CPU per worker): click takes an option's last value. A toy study saved as
 `studies/quickstart.yaml` stands in for the real one, so the submit line needs no edit either.
 
 Nothing here calls `ray stop` (it stops every Ray on the machine, other tests' included): each node is its
@@ -40,9 +40,9 @@ from studyrunner.store import STATUSES, CurveStore, Ledger
 from studyrunner.study import compile_study, loads
 from studyrunner.train import run_trial
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+CLUSTER_PAGE = Path(__file__).resolve().parent.parent / "docs" / "guide" / "clusters.md"
 BIN = Path(sys.executable).parent  # ray, mlflow, moto_server, studyrunner: the venv's own
-BUCKET = "studyrunner"  # the README's bucket
+BUCKET = "studyrunner"  # the manual's bucket
 STORAGE = f"s3://{BUCKET}/workspace"
 WORKERS = ("sr-node-1", "sr-node-2")
 ASSIGNMENT = re.compile(r"[A-Z_][A-Z0-9_]*=\S*")
@@ -59,16 +59,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# ---------------------------------------------------------------------------------- the README's lines
+# ---------------------------------------------------------------------------------- the manual's lines
 
 
 def readme_commands() -> dict[str, list[str]]:
-    """The commands of the README's cluster block, by what they start: 'head', 'worker', 'mlflow',
+    """The commands of the manual's cluster block, by what they start: 'head', 'worker', 'mlflow',
     'submit', 'status', 'results' (each a shell line, continuations joined, comment dropped)."""
-    text = README.read_text()
-    section = text[text.index("### Running on a cluster") :]
+    text = CLUSTER_PAGE.read_text()
+    section = text[text.index("## Running on a cluster") :]
     block = re.search(r"\*\*Without containers\*\*.*?```bash\n(.*?)```", section, re.S)
-    assert block, "README 'Running on a cluster' has no 'Without containers' bash block"
+    assert block, "docs/guide/clusters.md 'Running on a cluster' has no 'Without containers' bash block"
     lines = block.group(1).replace("\\\n", " ").splitlines()
     found: dict[str, list[str]] = {}
     for line in lines:
@@ -83,20 +83,20 @@ def readme_commands() -> dict[str, list[str]]:
             role = words[1]
         else:
             continue  # assignments, exports, `ray stop`
-        assert role not in found, f"README cluster block has two {role!r} lines"
+        assert role not in found, f"the manual's cluster block has two {role!r} lines"
         found[role] = env + words
     assert set(found) == {"head", "worker", "mlflow", "submit", "status", "results"}, sorted(found)
     return found
 
 
 def expand(words: list[str], values: dict[str, str]) -> tuple[dict[str, str], list[str]]:
-    """(environment assignments, argv) of a README line with its $VARIABLES set to `values`; the
+    """(environment assignments, argv) of a line of the manual with its $VARIABLES set to `values`; the
     program is the venv's."""
 
     def sub(word: str) -> str:
         def one(m: re.Match) -> str:
             name = m.group(1) or m.group(2)
-            assert name in values, f"README cluster block uses ${name}, which the test does not set"
+            assert name in values, f"the manual's cluster block uses ${name}, which the test does not set"
             return values[name]
 
         return re.sub(r"\$\{(\w+)\}|\$(\w+)", one, word)
@@ -245,10 +245,10 @@ print(json.dumps(sorted([n["NodeManagerHostname"], n["Resources"].get("CPU", 0.0
 
 @dataclass(frozen=True)
 class Cluster:
-    values: dict[str, str]  # the README's variables
+    values: dict[str, str]  # the manual's variables
     env: dict[str, str]  # what every process here gets
     s3: object  # a boto3 client of the object store
-    cwd: Path  # where the README's lines run (holds studies/quickstart.yaml)
+    cwd: Path  # where the manual's lines run (holds studies/quickstart.yaml)
     local: tuple[Path, ...]  # every local folder the study could have written to
     services: Services
 
@@ -295,7 +295,7 @@ def cluster(postgres_url, tmp_path_factory):  # noqa: F811
     }
     commands = readme_commands()
     try:
-        # The object store, and the README's bucket in it.
+        # The object store, and the manual's bucket in it.
         services.start("s3", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(s3_port)], env, cwd)
         s3 = boto3.client(
             "s3",

@@ -9,8 +9,8 @@ from two half batches (each worker's forward and backward), summed over the work
 from one forward over the whole batch. Same maths, other float summation order: the curves agree to
 float rounding. Measured here: identical to the last bit for ZeRO 1 and 2 over these 12 steps, ~1e-7
 relative for ZeRO 3 (whose partitioned parameters are gathered and reduced in other pieces); over 200
-steps of the quickstart-size cell the README gives the figures. Held to rtol 1e-5 on losses; eval
-accuracy and exact match to one example (a near-tie between two logits could flip one).
+steps of the quickstart-size cell the manual (docs/guide/deepspeed.md) gives the figures. Held to rtol
+1e-5 on losses; eval accuracy and exact match to one example (a near-tie between two logits could flip one).
 """
 
 from __future__ import annotations

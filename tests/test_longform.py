@@ -1,5 +1,6 @@
 """The queryable ledger: long-format tables trial_metrics and cell_params (written with the JSON columns,
-and backfilled by migration 0003), the README's SQL on SQLite and PostgreSQL, and `results --where`."""
+and backfilled by migration 0003), the manual's SQL (docs/guide/ledger-sql.md) on SQLite and PostgreSQL,
+and `results --where`."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from studyrunner.store import Ledger, longform
 from studyrunner.store.db import Base, CellParamRow, CellRow, StudyRow, TrialMetricRow, TrialRow
 from studyrunner.study import compile_study, flatten_config, loads
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+LEDGER_PAGE = Path(__file__).resolve().parents[1] / "docs" / "guide" / "ledger-sql.md"
 runner = CliRunner()
 
 ALPHA = """\
@@ -199,14 +200,12 @@ def test_registering_again_keeps_one_row_per_param(url):
     assert long_params(ledger) == before
 
 
-# --- the README's SQL ---------------------------------------------------------------------------------
+# --- the manual's SQL ---------------------------------------------------------------------------------
 
 
 def readme_section() -> str:
-    readme = README.read_text()
-    start = readme.index("## Querying the ledger\n")
-    end = readme.find("\n## ", start + 1)
-    return readme[start : end if end != -1 else len(readme)]
+    """The manual's page "Querying the ledger" (it moved there from the README, with these tests)."""
+    return LEDGER_PAGE.read_text()
 
 
 def readme_blocks(language: str) -> list[str]:

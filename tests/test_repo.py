@@ -1,9 +1,11 @@
-"""Contracts of the repository itself: the README's commands are what CI runs; shipped studies compile."""
+"""Contracts of the repository itself: the README is a short front door whose commands are what CI runs and
+whose links reach the manual; shipped studies compile. (The manual itself: tests/test_docs.py.)"""
 
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from studyrunner.study import load_and_compile
 
@@ -24,6 +26,42 @@ def test_readme_opens_with_setup_and_quickstart_and_ci_runs_them():
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert commands[0] in ci and test_command in ci
     assert ci.index(commands[0]) < ci.index(test_command)
+
+
+def test_readme_fits_two_screens_and_names_the_manuals_build_command():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 150
+    first_lines = "\n".join(text.splitlines()[:15])
+    assert ".venv/bin/mkdocs serve" in first_lines and ".venv/bin/mkdocs build" in first_lines
+    assert "mkdocs" in (ROOT / "pyproject.toml").read_text()  # the dev extra installs what the command needs
+
+
+def manual_pages() -> set[str]:
+    """Every page in the manual's nav, as a path under docs/."""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+
+    def walk(node) -> set[str]:
+        if isinstance(node, str):
+            return {node}
+        items = node.values() if isinstance(node, dict) else node
+        return set().union(*(walk(item) for item in items))
+
+    return walk(config["nav"])
+
+
+def test_readme_links_reach_files_and_manual_pages():
+    text = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)", text)
+    assert targets, "the README links nothing"
+    pages = manual_pages()
+    for target in targets:
+        assert not target.startswith(("http://", "https://")), f"README links off the repository: {target}"
+        assert (ROOT / target).exists(), f"README links to {target}, which does not exist"
+        if target.startswith("docs/") and target.endswith(".md"):
+            assert target.removeprefix("docs/") in pages, f"README links to {target}, not a page of the manual"
+    linked = {t.removeprefix("docs/") for t in targets}
+    for page in ("getting-started.md", "reference/study-file.md", "reference/cli.md", "analysis/index.md"):
+        assert page in linked, f"the README does not link the manual's {page}"
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "studies").glob("*.yaml")), ids=lambda p: p.name)

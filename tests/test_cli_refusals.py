@@ -129,3 +129,14 @@ def test_each_verb_describes_its_own_storage_option(verb, text):
     result = runner.invoke(app, [verb, "--help"], env={"COLUMNS": "300", "TERMINAL_WIDTH": "300"})
     assert result.exit_code == 0, result.output
     assert text in " ".join(result.output.split()), result.output
+
+
+def test_help_shows_the_environment_variables_and_defaults_of_options():
+    """Option help carries "[env ...; default: ...]": rich markup once swallowed it as a tag."""
+    from typer.testing import CliRunner
+
+    from studyrunner.cli import app
+
+    text = " ".join(CliRunner().invoke(app, ["submit", "--help"]).output.split())
+    assert "[env STUDYRUNNER_DB; default: SQLite in the workspace]" in text
+    assert "[env RAY_ADDRESS; default: start a local Ray]" in text

@@ -21,6 +21,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help texts are plain text: rich markup would swallow "[env STUDYRUNNER_DB; default: ...]" as a tag.
+    rich_markup_mode=None,
 )
 # Piped output (CI logs, `| less`) gets room for wide tables instead of rich's 80-column fallback.
 out = Console(width=None if sys.stdout.isatty() else 200)

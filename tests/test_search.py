@@ -332,15 +332,164 @@ def test_a_repeated_suggestion_is_told_from_the_ledger_without_running_again(ray
 
 
 def test_a_search_runs_from_one_submit_at_a_time(tmp_path):
-    from studyrunner.errors import StudyrunnerError
+    """A submit finding the search held by a live submit says so in one line, runs nothing and writes nothing
+    of the search (issue 21, item 3; tests/test_search_race.py races two real submits)."""
+    from io import StringIO
+
+    from rich.console import Console
 
     ws = Workspace.resolve(tmp_path)
     ledger = Ledger(ws.db_url)
     compiled = compile_study(loads(search_text("alone")))
-    ledger.register(compiled)
-    ledger.open_submission("alone", "submit")  # a live submit (this process) runs the search
-    with pytest.raises(StudyrunnerError, match=r"is a search and is being run by another process .*studyrunner cancel"):
+    ledger.ensure_study(compiled.study)
+    holder = ledger.open_submission("alone", "submit")  # a live submit (this process) runs the search
+    assert ledger.claim_search("alone", holder) is None
+    out = StringIO()
+    result = submit(compiled, ws, show_progress=False, console=Console(file=out, width=200))
+    assert result.search_busy and result.ran == 0
+    (line,) = [x for x in out.getvalue().splitlines() if x.strip()]
+    assert "another submit runs this search (submit pid" in line and "studyrunner cancel alone" in line
+    assert ledger.search_points("alone") == [] and not (tmp_path / "ledger.optuna.db").exists()
+    assert ledger.get_study("alone").search_owner == holder
+    assert [s.ended_at is not None for s in ledger._open_submissions("alone")] == [False]  # the loser's ended
+
+
+def test_a_space_optuna_cannot_continue_is_refused_before_anything_is_written(ray_session, tmp_path):
+    """Issue 21, item 4: `{int}` changed to `{choice}` failed half way through asking Optuna, leaving a trial
+    with only `train.lr` that the next submit ran with `loops` at its base value."""
+    from studyrunner.errors import StudyrunnerError
+
+    ws = Workspace.resolve(tmp_path)
+    text = search_text("kinds", n_trials=2, sampler="random", seeds="[0]")
+    assert submit(compile_study(loads(text)), ws, show_progress=False).ran == 2
+    ledger = Ledger(ws.db_url)
+
+    def stored() -> tuple:
+        points = [(p.number, p.state, p.params) for p in ledger.search_points("kinds")]
+        told = [(t.number, t.state, t.params) for t in optuna_trials(ws.db_url, "kinds")]
+        return ledger.get_study("kinds").spec_text, points, told, len(ledger.trials("kinds"))
+
+    before = stored()
+    more = text.replace("n_trials: 2", "n_trials: 3")
+    for old, new, says in [
+        ("{int: [1, 3]}", "{choice: [1, 3]}", r"\{choice: \[1, 3\]\} but .* drew it from \{int: \[1, 3\]\}"),
+        ("{int: [1, 3]}", "{choice: [1, 2, 3]}", r"\{choice: \[1, 2, 3\]\} but"),
+        ("{loguniform: [1.0e-4, 1.0e-2]}", "{uniform: [1.0e-4, 1.0e-2]}", r"\{uniform: .* from \{loguniform: "),
+    ]:
+        path = "model.params.loops" if "int" in old else "train.lr"
+        with pytest.raises(StudyrunnerError, match=rf"search.space\['{path}'\] is {says}.*--as-new-study NAME") as e:
+            submit(compile_study(loads(more.replace(old, new))), ws, show_progress=False)
+        assert "\n" not in str(e.value)
+        assert stored() == before and ledger.get_study("kinds").search_owner is None
+    # A wider range continues the search; every suggestion has every searched value.
+    assert submit(compile_study(loads(more.replace("{int: [1, 3]}", "{int: [1, 4]}"))), ws, show_progress=False).ran
+    told = optuna_trials(ws.db_url, "kinds")
+    assert [t.state for t in told] == [optuna.trial.TrialState.COMPLETE] * 3
+    assert all(set(t.params) == {"train.lr", "model.params.loops"} for t in told)
+
+
+def test_a_suggestion_optuna_began_without_every_value_is_failed_and_never_run(ray_session, tmp_path):
+    """What the failed submit of issue 21 (item 4) left behind: Optuna trial #2 running with `train.lr` only. The
+    next submit must not run it with `loops` at its base value: it is told FAIL, recorded `abandoned`, and not
+    counted in n_trials."""
+    from optuna.distributions import FloatDistribution
+
+    ws = Workspace.resolve(tmp_path)
+    text = search_text("halfasked", n_trials=2, sampler="random", seeds="[0]")
+    assert submit(compile_study(loads(text)), ws, show_progress=False).ran == 2
+    study = optuna.load_study(study_name="halfasked", storage=open_storage(ws.db_url))
+    assert study.ask({"train.lr": FloatDistribution(1e-4, 1e-2, log=True)}).number == 2
+    more = compile_study(loads(text.replace("n_trials: 2", "n_trials: 3")))
+    assert submit(more, ws, show_progress=False).ran == 1
+    ledger = Ledger(ws.db_url)
+    points = ledger.search_points("halfasked")
+    assert [(p.number, p.state) for p in points] == [
+        (0, "complete"),
+        (1, "complete"),
+        (2, "abandoned"),
+        (3, "complete"),
+    ]
+    assert points[2].cell_hash is None and "without model.params.loops" in points[2].error
+    told = optuna_trials(ws.db_url, "halfasked")
+    assert [t.state.name for t in told] == ["COMPLETE", "COMPLETE", "FAIL", "COMPLETE"]
+    cells = {c.cell_hash: c.config for c in ledger.cells("halfasked")}
+    assert len(cells) == 3 and len(ledger.trials("halfasked")) == 3
+    for p in points:  # every configuration that ran had every searched value
+        if p.cell_hash is not None:
+            assert cells[p.cell_hash]["model"]["params"]["loops"] == p.params["model.params.loops"]
+    assert submit(more, ws, show_progress=False).ran == 0  # the search is finished: 3 configurations
+
+
+def test_a_suggestion_that_fails_half_way_is_told_failed_and_the_next_submit_continues(
+    ray_session, tmp_path, monkeypatch
+):
+    """Any failure while Optuna makes a suggestion (here its storage, after the first value) leaves no trial
+    running in Optuna: it is told FAIL, the submit ends with one line, and the next one asks again."""
+    from optuna.storages._cached_storage import _CachedStorage
+
+    from studyrunner.errors import StudyrunnerError
+
+    real = _CachedStorage.set_trial_param
+
+    def fails_on_loops(self, trial_id, name, value, distribution):
+        if name == "model.params.loops":
+            raise RuntimeError("the database went away")
+        return real(self, trial_id, name, value, distribution)
+
+    ws = Workspace.resolve(tmp_path)
+    compiled = compile_study(loads(search_text("midask", n_trials=2, sampler="random", seeds="[0]")))
+    monkeypatch.setattr(_CachedStorage, "set_trial_param", fails_on_loops)
+    with pytest.raises(StudyrunnerError, match=r"Optuna could not make a suggestion \(RuntimeError: the database went"):
         submit(compiled, ws, show_progress=False)
+    monkeypatch.undo()
+    (told,) = optuna_trials(ws.db_url, "midask")
+    assert told.state is optuna.trial.TrialState.FAIL and set(told.params) == {"train.lr"}
+    ledger = Ledger(ws.db_url)
+    assert [(p.number, p.state) for p in ledger.search_points("midask")] == [(0, "abandoned")]
+    assert ledger.get_study("midask").search_owner is None and ledger.trials("midask") == []
+    assert submit(compiled, ws, show_progress=False).ran == 2
+    assert [p.state for p in ledger.search_points("midask")] == ["abandoned", "complete", "complete"]
+
+
+def test_a_searchs_values_follow_reruns_and_added_seeds(ray_session, tmp_path, monkeypatch):
+    """Issue 21, item 8: after `rerun --failed` turned a search's failed configurations into successes,
+    `analyze` still gave no best and the history said failed; an added seed left the 1-seed means. Optuna
+    trials cannot change once told: the values come from the ledger's trials, what Optuna was told beside them."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    ws = Workspace.resolve(tmp_path)
+    monkeypatch.setenv("STUDYRUNNER_INJECT_FAULT", "stale-*")  # every configuration fails
+    submit(
+        compile_study(loads(search_text("stale", n_trials=2, sampler="random", seeds="[0]"))), ws, show_progress=False
+    )
+    monkeypatch.delenv("STUDYRUNNER_INJECT_FAULT")
+    out = analyze(analysis_data.load("stale", workspace=tmp_path)).to_dict()
+    assert out["search_best"] == [] and [h["state"] for h in out["search"]] == ["failed", "failed"]
+
+    rerun("stale", ws, RerunSelection(failed=True), options=RunOptions(show_progress=False))
+    rows = {r.trial_key: r for r in Ledger(ws.db_url).trials("stale")}
+    assert {r.status for r in rows.values()} == {"succeeded"}
+    out = analyze(analysis_data.load("stale", workspace=tmp_path)).to_dict()
+    history = out["search"]
+    assert [h["state"] for h in history] == ["complete"] * 2
+    for h in history:
+        assert h["value"] == rows[f"stale-{h['cell_hash']}-s0"].metrics["eval_accuracy"] and h["seeds"] == 1
+    (best,) = out["search_best"]
+    assert best["value"] == max(h["value"] for h in history)
+    assert [(h["told_state"], h["told_value"]) for h in history] == [("failed", None)] * 2  # what Optuna has
+
+    console = StringIO()
+    two = compile_study(loads(search_text("stale", n_trials=2, sampler="random", seeds="[0, 1]")))
+    assert submit(two, ws, show_progress=False, console=Console(file=console, width=300)).ran == 2  # seed 1
+    rows = {r.trial_key: r for r in Ledger(ws.db_url).trials("stale")}
+    history = analyze(analysis_data.load("stale", workspace=tmp_path)).to_dict()["search"]
+    for h in history:
+        seeds = [rows[f"stale-{h['cell_hash']}-s{s}"].metrics["eval_accuracy"] for s in (0, 1)]
+        assert h["seeds"] == 2 and h["value"] == pytest.approx(sum(seeds) / 2)
+    best = max(history, key=lambda h: h["value"])
+    assert f"best eval_accuracy {best['value']:.4g} over 2 seeds (#{best['number']}" in console.getvalue()
 
 
 def test_values_that_do_not_fit_together_are_failed_without_a_trial(ray_session, tmp_path):

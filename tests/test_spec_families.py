@@ -127,3 +127,33 @@ def test_a_zip_row_at_fault_names_the_field():
     assert "zip[0]['model.family'][1]: train.exit_entropy_beta: weights the 'exit_kl_uniform' term" in message
     ok = compiled("zip:\n  - model.family: [looplm, melt]\n    train.exit_entropy_beta: [0.05, null]\n")
     assert [c.config["train"].get("exit_entropy_beta") for c in ok.cells] == [0.05, None]
+
+
+def test_a_melt_chunk_longer_than_the_sequence_is_the_fully_parallel_cell():
+    """Issue 21, item 10d: `chunk_size` past the sequence length made a second cell that trains exactly as the
+    fully parallel one does. It is clipped to the task's sequence length (mqar here: 11 tokens) when compiled."""
+    import torch
+
+    from studyrunner.models import build_model
+    from studyrunner.tasks import build_task
+
+    melt = BASE.replace("family: looplm", "family: melt")
+
+    def cell(chunk: int):
+        (only,) = compile_study(loads(melt.replace("loops: 2}", f"loops: 2, chunk_size: {chunk}}}"))).cells
+        return only
+
+    assert cell(64).config["model"]["params"]["chunk_size"] == 11
+    assert cell(64).cell_hash == cell(12).cell_hash == cell(11).cell_hash != cell(10).cell_hash
+    assert cell(4).config["model"]["params"]["chunk_size"] == 4
+    with pytest.raises(SpecError, match=r"cells 'chunk_size=11' and 'chunk_size=64' resolve to the same config"):
+        compile_study(loads(melt + "grid: {model.params.chunk_size: [1, 11, 64]}\n"))
+    # Why they are one cell: the same weights give the same logits.
+    task = build_task("mqar", {"pairs": 4, "queries": 2, "keys": 16, "values": 16}, 0)
+    batch = task.eval_sets(4)[""]
+    logits = []
+    for chunk in (11, 64):
+        torch.manual_seed(0)
+        model = build_model("melt", {"d_model": 16, "n_heads": 2, "loops": 2, "chunk_size": chunk}, task.facts)
+        logits.append(model(batch.inputs).logits)
+    assert torch.equal(*logits)

@@ -162,3 +162,45 @@ def test_charlm_bits_per_character():
     uniform = torch.zeros(*batch.inputs.shape, VOCAB)
     assert task.metrics(uniform, batch)["bpc"] == pytest.approx(math.log2(VOCAB))
     assert isinstance(batch, Batch)
+
+
+PHOP = {"name": "phop", "params": {"alphabet": 4, "seq_len": 12, "hops": 1}}
+
+
+@pytest.mark.parametrize(
+    "family,params",
+    [("looped", {"loops": 3, "prefix_layers": 1}), ("looplm", {"loops": 3}), ("melt", {"loops": 3, "chunk_size": 2})],
+)
+def test_a_task_without_decoding_reports_the_kv_bytes_a_decoding_task_measures(family, params):
+    """Issue 21, item 10e: a family with a KV cache reported no KV figure on p-hop (no decoding evaluation). It
+    reports the analytic bytes per token, which equal what decoding the same model's shape measures."""
+    train = {"exit_entropy_beta": 0.05} if family == "looplm" else None
+    on_phop = run_trial(config(family, task=PHOP, train=train, **params), seed=0)
+    decoded = run_trial(config(family, train=train, **params), seed=0)  # mqar decodes: the cache is measured
+    assert "eval_decode_loss" not in on_phop and "kv_cache_bytes" not in on_phop
+    assert on_phop["kv_cache_bytes_per_token"] == on_phop["kv_cache_bytes_per_token_analytic"]
+    assert on_phop["kv_cache_bytes_per_token"] == decoded["kv_cache_bytes_per_token"]  # measured from the tensors
+    assert build_task(PHOP["name"], PHOP["params"], 0).decode_metric_names() <= set(on_phop)
+
+
+def test_the_analytic_kv_bytes_follow_the_compute_dtype_and_an_encoder_keeps_no_cache():
+    from studyrunner.study import compile_study, loads
+    from studyrunner.train.decoding import has_kv_cache, kv_footprint
+
+    task = build_task(MQAR["name"], MQAR["params"], 0)
+    model = build_model("melt", {"d_model": 16, "n_heads": 2, "block_layers": 2, "loops": 3}, task.facts)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        measured = decoding_eval(model, task, task.eval_sets(4))["kv_cache_bytes_per_token"]
+        assert kv_footprint(model)["kv_cache_bytes_per_token"] == measured == 2 * 2 * 16 * 2  # N rows, bf16
+    sudoku = build_task("sudoku", {"size": 4}, 0)
+    assert not has_kv_cache(build_model("looped", {"d_model": 16, "n_heads": 2}, sudoku.facts), sudoku)
+    # `validate` knows p-hop trials of such a family report it: a study may optimise or claim it
+    study = compile_study(
+        loads(
+            "name: kv\ntask: {name: phop, params: {alphabet: 4, seq_len: 12, hops: 1}}\n"
+            "model: {family: looplm, params: {d_model: 16, n_heads: 2, loops: 2}}\n"
+            "train: {steps: 4, batch_size: 8, lr: 1.0e-3}\neval: {every: 4, examples: 16}\nseeds: [0]\n"
+            "metric: {name: kv_cache_bytes_per_token, mode: min}\n"
+        )
+    )
+    assert study.study.metric.name == "kv_cache_bytes_per_token"

@@ -214,7 +214,8 @@ def load(
         order = list(dict.fromkeys(trials.cell_hash))
     order += [h for h in dict.fromkeys(trials.cell_hash) if h not in order]
     labels = dict(zip(trials.cell_hash, trials.cell, strict=True)) if "cell" in trials else {}
-    search = search_frame(ledger, name, labels, mode) if getattr(spec, "search", None) is not None else None
+    searched = getattr(spec, "search", None) is not None
+    search = search_frame(ledger, name, labels, mode, trials, metric) if searched else None
     return StudyData(
         name=name,
         trials=annotate(trials.reset_index(drop=True), rule),

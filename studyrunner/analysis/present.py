@@ -209,14 +209,18 @@ def print_analysis(a: Analysis, console: Console) -> None:
 
 
 def search_table(a: Analysis) -> Table:
-    """The search's history: each suggestion, what Optuna was told, and the best value so far."""
+    """The search's history: each suggestion, its seed mean from the ledger's current trials, what Optuna was
+    told (where that differs: a seed rerun or added since), and the best value so far."""
     frame = a.search
     searches = frame.search.nunique()
     table = _table(
-        f"search history: {a.data.metric} ({a.data.mode}) told to Optuna, seed mean per configuration",
-        (["search"] if searches > 1 else []) + ["#", "cell", "state", "value", "seeds", "best so far", "best"],
+        f"search history: {a.data.metric} ({a.data.mode}), seed mean per configuration from the ledger's trials "
+        "(told: what Optuna was told, where it differs)",
+        (["search"] if searches > 1 else []) + ["#", "cell", "state", "value", "seeds", "told", "best so far", "best"],
     )
     for row in frame.itertuples():
+        told = (row.told_state, fmt(row.told_value), fmt(row.told_seeds))
+        same = told == (row.state, fmt(row.value), fmt(row.seeds)) or row.told_state in ("running", "abandoned")
         _add_row(
             table,
             *([Text(row.search)] if searches > 1 else []),
@@ -225,6 +229,7 @@ def search_table(a: Analysis) -> Table:
             Text(row.state, style="" if row.state == "complete" else "yellow"),
             fmt(row.value),
             fmt(row.seeds) if row.seeds == row.seeds else "",
+            "" if same else f"{fmt(row.told_value)} ({row.told_state}, {fmt(row.told_seeds)} seeds)",
             fmt(row.best_so_far),
             Text("best", style="green") if row.best else "",
         )

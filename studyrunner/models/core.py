@@ -112,6 +112,13 @@ class CoreParams(StrictParams):
         evaluation get one only from such models."""
         return False
 
+    def normalised(self, facts: Callable[[], Any]) -> CoreParams:
+        """These params as a task with these facts (`facts()`: vocab_size, seq_len, causal; called only where
+        needed) makes them: a value that cannot act beyond what the task allows replaced by the one that acts
+        the same, so two configs that train identically compile to one cell (the compiler calls this).
+        Default: unchanged."""
+        return self
+
     def facts_problem(self, facts: Any) -> str | None:
         """Why a model built from these params cannot serve a task with these facts (vocab_size, seq_len,
         causal), or None; `validate` reports it naming `model.family`."""

@@ -50,6 +50,7 @@ student starts from the teacher's weights (gates new); the two phases of section
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -94,8 +95,8 @@ class MeltParams(CoreParams):
         ge=1,
         le=1_048_576,
         description="Tokens processed in parallel (chunk-wise training and evaluation): 1 (default) = exact "
-        "token-serial inference; larger trades fidelity for speed (the paper: 500 of 10K tokens); at least "
-        "the sequence length = fully parallel.",
+        "token-serial inference; larger trades fidelity for speed (the paper: 500 of 10K tokens); the sequence "
+        "length = fully parallel (a larger value is clipped to it when the study compiles).",
     )
     chunk_grad: Literal["through", "detached"] = Field(
         "through", description="Whether gradients flow into earlier chunks through their cached rows."
@@ -145,6 +146,18 @@ class MeltParams(CoreParams):
 
     def supports_decoding(self) -> bool:
         return True
+
+    def normalised(self, facts: Callable[[], Any]) -> MeltParams:
+        """`chunk_size` clipped to the task's sequence length (`facts().seq_len`, the longest input of any split):
+        a chunk longer than every sequence processes each in one chunk, exactly as a chunk of its length does,
+        so `chunk_size: 64` and `chunk_size: 128` on 32-token sequences are one cell, not two that train
+        identically. Clipped rather than warned about: the resolved config then says what runs (and the cell's
+        hash is the fully parallel cell's), a grid listing both values is refused as any two values resolving to
+        one config are, a search's suggestions past the length reuse that cell's trials instead of training it
+        again, and analysis never shows two "different" chunk sizes that are one. A study that ran such a cell
+        before this rule compiles it to a new hash: `submit` refuses the edit (`--as-new-study NAME`)."""
+        seq_len = facts().seq_len
+        return self.model_copy(update={"chunk_size": seq_len}) if self.chunk_size > seq_len else self
 
     def facts_problem(self, facts: Any) -> str | None:
         if not facts.causal:

@@ -45,6 +45,7 @@ class SubmitResult:
     skipped: list[str] = field(default_factory=list)  # succeeded before
     held: list[str] = field(default_factory=list)  # failed or diverged before: `rerun` runs them
     busy: list[str] = field(default_factory=list)  # being run by another live submit
+    search_busy: bool = False  # a search study whose search another live submit runs (nothing was run)
     succeeded: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     diverged: list[str] = field(default_factory=list)
@@ -228,28 +229,55 @@ def stored_study(ledger: Ledger, name: str) -> CompiledStudy:
 
 
 def _submit_search(compiled, workspace, ledger, tracker, command, options, console) -> SubmitResult:
-    """A search study (orchestrate/search.py): make the ledger and the Optuna study agree, run the seeds of
-    configurations left unfinished, then new suggestions until `n_trials` configurations."""
+    """A search study (orchestrate/search.py): take the search (one submit runs it at a time), refuse an edit
+    Optuna cannot continue, make the ledger and the Optuna study agree, run the seeds of configurations left
+    unfinished, then new suggestions until `n_trials` configurations."""
     from .search import SearchRun
 
-    reap_dead(ledger, compiled.study.name)
+    name = compiled.study.name
+    reap_dead(ledger, name)
     say = lambda line: console.print(Text.assemble(("search: ", "cyan"), line), highlight=False)  # noqa: E731
     search = SearchRun(compiled, ledger, workspace.db_url, say)
-    search.check_alone(options.stale_after)
     _refuse_changed_meaning(ledger, search.compiled)
-    ledger.register(search.compiled)
-    search.reconcile()
-    compiled = search.compiled
-    reg = ledger.register(compiled)
-    held = [r.trial_key for r in ledger.trials_by_key(reg.held) if r.status in ("failed", "diverged")]
-    result = SubmitResult(compiled.study.name, len(compiled.trials), skipped=reg.skipped, held=held)
-    console.print(f"[bold]{escape(compiled.study.name)}[/]: {escape(search.plan())}")
-    if compiled.cells:
-        _say_plan(console, compiled, reg.skipped, held, workspace)
-    stale = sorted(ledger.stale_keys(compiled.study.name, options.stale_after))
-    result = _run(
-        compiled, workspace, ledger, tracker, reg.to_run + stale, command, result, options, console, search=search
-    )
+    ledger.ensure_study(compiled.study)  # a submission belongs to a study row; an existing one is left alone
+    submission = Submission(ledger, name, command)
+    holder = ledger.claim_search(name, submission.id, options.stale_after)
+    if holder is not None:  # another live submit runs this search: leave it to it, as busy trials are
+        submission.close()
+        console.print(
+            f"{escape(name)}: another submit runs this search ({escape(holder.command)} pid {holder.pid} on "
+            f"{escape(holder.host)}); left to it (stop it with: {escape(workspace.hint('cancel', name))})"
+        )
+        return SubmitResult(name, 0, search_busy=True)
+    try:
+        search.refuse_changed_space()
+        ledger.register(search.compiled)
+        search.reconcile()
+        compiled = search.compiled
+        reg = ledger.register(compiled)
+        held = [r.trial_key for r in ledger.trials_by_key(reg.held) if r.status in ("failed", "diverged")]
+        result = SubmitResult(name, len(compiled.trials), skipped=reg.skipped, held=held)
+        console.print(f"[bold]{escape(name)}[/]: {escape(search.plan())}")
+        if compiled.cells:
+            _say_plan(console, compiled, reg.skipped, held, workspace)
+        stale = sorted(ledger.stale_keys(name, options.stale_after))
+        candidates = reg.to_run + stale
+        result = _run(
+            compiled,
+            workspace,
+            ledger,
+            tracker,
+            candidates,
+            command,
+            result,
+            options,
+            console,
+            search=search,
+            submission=submission,
+        )
+    except BaseException:
+        submission.close()  # releases the search (a no-op where `_run` closed it)
+        raise
     result.trials = len(search.compiled.trials)
     for line in search.summary():
         console.print(line, markup=False, highlight=False)
@@ -294,15 +322,18 @@ def _run(
     statuses: tuple[str, ...] = SUBMIT_RUNS,
     fresh: bool = False,
     search=None,
+    submission: Submission | None = None,
 ) -> SubmitResult:
     """Claim the candidates this process may run (`fresh`: then discard their checkpoints), run them on Ray
     Tune, release what did not finish, and mend what MLflow lacks of the study's finished trials. With a
-    `search` (orchestrate/search.py), Tune also runs the seeds of the configurations it suggests."""
+    `search` (orchestrate/search.py), Tune also runs the seeds of the configurations it suggests, under the
+    `submission` that holds the search."""
     options = options or RunOptions()
     study = compiled.study
     teachers = resolve_teachers(compiled, ledger, workspace)
-    reap_dead(ledger, study.name)  # a killed driver's trials and local Ray first
-    submission = Submission(ledger, study.name, command)
+    if submission is None:
+        reap_dead(ledger, study.name)  # a killed driver's trials and local Ray first
+        submission = Submission(ledger, study.name, command)
     claimed = set(ledger.claim(study.name, sorted(set(candidates)), submission.id, statuses, options.stale_after))
     if fresh:  # only now, when no other process runs them
         for key in sorted(claimed):

@@ -9,10 +9,12 @@ trial number) each cell came from.
 
 What Optuna is told: once every seed of a configuration has finished, the mean of the study's metric over the
 seeds that finished with a finite value of it (succeeded ones, and diverged ones: a diverged seed keeps its
-metrics, as everywhere in studyrunner). Failed seeds (a code error, retries spent) are left out of the mean;
-with no seed left the Optuna trial is FAIL, which samplers skip. The point's ledger row keeps the value and
-how many seeds it averages. A later `rerun` of a seed changes the ledger (and `analyze`), not what Optuna
-was told.
+metrics, as everywhere in studyrunner; analysis/search.py, `seed_mean`). Failed seeds (a code error, retries
+spent) are left out of the mean; with no seed left the Optuna trial is FAIL, which samplers skip. The point's
+ledger row keeps the value and how many seeds it averages. Optuna trials cannot change once told, so a later
+`rerun` of a seed, or a seed added to `seeds:`, changes the ledger, not what Optuna was told: the search's
+summary and `analyze` give each configuration's value from the ledger's current trials (and show what Optuna
+was told beside it).
 
 Where the Optuna study lives: beside the ledger and apart from its tables (Optuna's tables include `studies`
 and `trials`, as the ledger's do): the SQLite file `NAME.optuna.db` next to an SQLite ledger `NAME.db`, or
@@ -24,7 +26,14 @@ a point whose seeds have all finished but that Optuna was not told of is told no
 but the ledger lacks is copied); a point with unfinished seeds runs those seeds before anything new is
 asked; an Optuna study that was deleted is rebuilt from the ledger's points. `n_trials` counts
 configurations, those of earlier submits included: a finished search runs nothing when submitted again,
-and a larger `n_trials` asks for the difference. A search runs from one submit at a time.
+and a larger `n_trials` asks for the difference.
+
+A search runs from one submit at a time: a submit takes the study's search in the ledger (`claim_search`, one
+conditional UPDATE, so of two submits started at once exactly one runs it; the other says so and exits) and
+gives it back when it ends; a holder that died is taken over. An edit of the space that Optuna cannot continue
+(a path's kind, a choice's values, a range's log scale) is refused before anything is written. A suggestion
+Optuna began but never gave every searched value (a submit that failed or was killed while asking) is told
+FAIL and recorded `abandoned`: it never runs with a value missing, and it does not count in `n_trials`.
 
 Reproducible suggestions: suggestion n is drawn by a fresh sampler seeded from (`search.seed`, n), so a search
 continued after a crash suggests what the uninterrupted one would have, given the same earlier values (with
@@ -34,7 +43,6 @@ deterministic).
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections import deque
 from collections.abc import Callable
@@ -45,6 +53,7 @@ from typing import Any
 from ray.tune.search import Searcher
 from sqlalchemy import inspect, make_url, text
 
+from ..analysis.search import current_outcome, seed_mean
 from ..errors import SpecError, StudyrunnerError
 from ..store import Ledger
 from ..store.db import FINISHED, make_engine
@@ -55,6 +64,7 @@ from ..study.compiler import search_cell, with_cells
 
 OPTUNA_SCHEMA = "studyrunner_optuna"
 TOLD = ("complete", "failed")
+ABANDONED = "abandoned"  # Optuna began it, not every searched value was drawn: told FAIL, never run
 
 
 # ------------------------------------------------------------------------------------ where it lives
@@ -134,6 +144,16 @@ def _distribution(domain):
     if domain.kind == "int":
         return IntDistribution(int(domain.low), int(domain.high))
     return FloatDistribution(float(domain.low), float(domain.high), log=domain.kind == "loguniform")
+
+
+def _described(distribution) -> str:
+    """An Optuna distribution as a study file writes its range."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    if isinstance(distribution, CategoricalDistribution):
+        return f"{{choice: {list(distribution.choices)}}}"
+    kind = "int" if isinstance(distribution, IntDistribution) else "loguniform" if distribution.log else "uniform"
+    return f"{{{kind}: [{distribution.low}, {distribution.high}]}}"
 
 
 def _sampler_class(name: str):
@@ -238,7 +258,8 @@ class _Search:
 
     @property
     def budget(self) -> int:
-        return self.run.compiled.study.search.n_trials - len(self.points)
+        counted = sum(state != ABANDONED for state in self.points.values())
+        return self.run.compiled.study.search.n_trials - counted
 
     def trial_id(self, number: int) -> int:
         return self.storage.get_trial_id_from_study_id_trial_number(
@@ -268,7 +289,8 @@ class SearchRun:
         self.ledger, self.say = ledger, say
         self.name = compiled.study.name
         self.compiled = with_search_cells(compiled, ledger)
-        self._storage = open_storage(db_url)
+        self._db_url = db_url
+        self._storage = None  # opened by the submit that holds the search, when it first needs it
         self._searches: dict[str, _Search] | None = None
         self.open: dict[tuple[str, int], _Point] = {}  # suggested, not yet told
         self.admitted: list[Trial] = []  # trials of new suggestions this run sent to Tune
@@ -285,21 +307,40 @@ class SearchRun:
     @property
     def searches(self) -> dict[str, _Search]:
         if self._searches is None:
+            if self._storage is None:
+                self._storage = open_storage(self._db_url)
             self._searches = {}
             for base in self.compiled.bases:
                 search = _Search(self, base, self._storage)
                 self._searches[search.name] = search
         return self._searches
 
-    def check_alone(self, stale_after: float) -> None:
-        """A search runs from one submit at a time (two would ask Optuna past n_trials and share points)."""
-        live = self.ledger.live_submissions(self.name, stale_after)
-        if live:
-            who = ", ".join(f"{r.command} pid {r.pid} on {r.host}" for r in live)
-            raise StudyrunnerError(
-                f"study {self.name!r} is a search and is being run by another process ({who}); a search runs from "
-                f"one submit at a time: wait for it, or stop it with: studyrunner cancel {self.name}"
-            )
+    def refuse_changed_space(self) -> None:
+        """Refuse, before anything is written, a space Optuna cannot continue: a searched path whose kind
+        changed (int to choice, uniform to loguniform) or whose choices changed since its recorded suggestions,
+        by Optuna's own rule (`check_distribution_compatibility`). Asked anyway, Optuna fails half way through a
+        suggestion, some of its values drawn. A range made wider or narrower continues."""
+        from optuna.distributions import check_distribution_compatibility
+
+        study = self.compiled.study
+        for search in self.searches.values():
+            recorded: dict[str, Any] = {}
+            for trial in search.optuna.get_trials(deepcopy=False):
+                for path, distribution in trial.distributions.items():
+                    recorded.setdefault(path, distribution)
+            for path, domain in study.search.space.items():
+                old, new = recorded.get(path), _distribution(domain)
+                if old is None:
+                    continue
+                try:
+                    check_distribution_compatibility(old, new)
+                except ValueError:
+                    raise StudyrunnerError(
+                        f"{study.source}: search.space['{path}'] is {_described(new)} but the search's recorded "
+                        f"suggestions drew it from {_described(old)}, and Optuna cannot continue a search whose path "
+                        "changes kind or choices: put the range back, or run the edited file as a new search: "
+                        f"studyrunner submit {study.source} --as-new-study NAME"
+                    ) from None
 
     # --- before Tune: make the ledger and Optuna agree ------------------------------------------------
 
@@ -315,12 +356,22 @@ class SearchRun:
             if missing:  # the Optuna study was deleted or replaced: the ledger has what it held
                 self._rebuild(search, [rows[(search.name, n)] for n in missing], bool(trials))
                 trials = {t.number: t for t in search.optuna.get_trials(deepcopy=False)}
+            space = set(self.compiled.study.search.space)
             for number, trial in sorted(trials.items()):
                 row = rows.get((search.name, number))
-                if row is None:  # asked for, then the driver died before the ledger heard of it
-                    self._record(search, number, dict(trial.params), asked_as=None)
+                if row is None:  # asked for, then the driver died (or the submit failed) before the ledger heard
+                    undrawn = sorted(space - set(trial.params))
+                    if trial.state is TrialState.RUNNING and not undrawn:
+                        self._record(search, number, dict(trial.params), asked_as=None)
+                    elif undrawn:
+                        self._abandon(search, number, f"Optuna began it without {', '.join(undrawn)}")
+                    else:
+                        self._abandon(search, number, f"Optuna holds it {trial.state.name} unrecorded by the ledger")
                     continue
                 search.points[number] = row.state
+                if row.state == ABANDONED:
+                    self._abandon(search, number, row.error or "abandoned")  # Optuna told FAIL, if it was not
+                    continue
                 if row.state in TOLD:
                     if trial.state is TrialState.RUNNING:  # the ledger has the outcome, Optuna missed it
                         point = _Point(search, number, dict(row.params), None)
@@ -349,7 +400,8 @@ class SearchRun:
                 raise ValueError("it holds other trials")
             for p in points:
                 params = {k: v for k, v in p.params.items() if k in space}
-                state = {"complete": TrialState.COMPLETE, "failed": TrialState.FAIL}.get(p.state, TrialState.RUNNING)
+                ended = {"complete": TrialState.COMPLETE, "failed": TrialState.FAIL, ABANDONED: TrialState.FAIL}
+                state = ended.get(p.state, TrialState.RUNNING)
                 trial = create_trial(
                     params=params,
                     distributions={k: _distribution(space[k]) for k in params},
@@ -370,7 +422,7 @@ class SearchRun:
 
     def plan(self) -> str:
         spec = self.compiled.study.search
-        done = sum(len(s.points) for s in self.searches.values())
+        done = sum(state != ABANDONED for s in self.searches.values() for state in s.points.values())
         told = sum(state in TOLD for s in self.searches.values() for state in s.points.values())
         per = f" in each of {len(self.searches)} grid cells" if len(self.searches) > 1 else ""
         return (
@@ -432,7 +484,18 @@ class SearchRun:
         told at once from the ledger)."""
         asked_as = f"{search.name}#{search.asked}"
         search.asked += 1
-        params = search.tuner_search.suggest(asked_as)
+        search.sampler.last_number = None
+        try:
+            params = search.tuner_search.suggest(asked_as)
+        except Exception as exc:  # noqa: BLE001 - whatever failed, no suggestion may stay half asked
+            number = search.sampler.last_number
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            if number is not None:
+                self._abandon(search, number, f"asking for it failed ({type(exc).__name__}: {first})")
+            raise StudyrunnerError(
+                f"search {search.name}: Optuna could not make a suggestion ({type(exc).__name__}: {first}); "
+                "what it began is told failed, and submitting again continues the search"
+            ) from None
         number = search.sampler.last_number
         point = self._record(search, number, params, asked_as)
         if point.cell is None:
@@ -467,6 +530,22 @@ class SearchRun:
         self.open[(search.name, number)] = point
         self._tell_if_done(point)
         return point
+
+    def _abandon(self, search: _Search, number: int, why: str) -> None:
+        """A suggestion Optuna began that must never run (not every searched value drawn): told FAIL, and
+        recorded `abandoned` (not counted in n_trials, so the search asks for another)."""
+        from optuna.trial import TrialState
+
+        trial = search.storage.get_trial(search.trial_id(number))
+        if trial.state is TrialState.RUNNING:
+            search.optuna.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+        known = search.points.get(number) == ABANDONED
+        self.ledger.add_search_point(
+            self.name, search.name, number, search.base.cell_hash, dict(trial.params), None, state=ABANDONED, error=why
+        )
+        search.points[number] = ABANDONED
+        if not known:
+            self.say(f"{search.name} #{number}: {why}; told failed, never run, not counted in n_trials")
 
     def _cell(self, search: _Search, params: dict[str, Any], strict: bool = False) -> Cell:
         try:
@@ -508,19 +587,13 @@ class SearchRun:
     def _tell(self, point: _Point, rows=None) -> None:
         rows = rows if rows is not None else self.ledger.trials(self.name, point.keys)
         metric = self.compiled.study.metric.name
-        values = [
-            float(r.metrics[metric])
-            for r in rows
-            if r.status in ("succeeded", "diverged")
-            and r.trial_key not in self._errored
-            and isinstance((r.metrics or {}).get(metric), int | float)
-            and math.isfinite(r.metrics[metric])
-        ]
-        value = sum(values) / len(values) if values else None
-        self._tell_optuna(point, value, len(values))
-        self._mark_told(point, value, len(values))
+        value, seeds = seed_mean(
+            (r.status, (r.metrics or {}).get(metric)) for r in rows if r.trial_key not in self._errored
+        )
+        self._tell_optuna(point, value, seeds)
+        self._mark_told(point, value, seeds)
         label = point.cell.label if point.cell else _shown(point.params)
-        outcome = f"{metric} {value:.4g} (mean of {len(values)} seeds)" if value is not None else "no seed reported it"
+        outcome = f"{metric} {value:.4g} (mean of {seeds} seeds)" if value is not None else "no seed reported it"
         self.say(f"{point.search.name} #{point.number} ({label}): {outcome}")
 
     def _tell_optuna(self, point: _Point, value: float | None, seeds: int | None) -> None:
@@ -548,26 +621,33 @@ class SearchRun:
     # --- afterwards ----------------------------------------------------------------------------------
 
     def summary(self) -> list[str]:
-        """A line per search: configurations evaluated, and the best so far with its values."""
+        """A line per search: configurations evaluated, and the best so far with its values, each configuration's
+        value from the ledger's current trials (a later `rerun` or added seed included; analysis/search.py)."""
         lines = []
         mode = self.compiled.study.metric.mode
         metric = self.compiled.study.metric.name
+        by_cell: dict[str, list] = {}
+        for r in self.ledger.trials(self.name):
+            by_cell.setdefault(r.cell_hash, []).append((r.status, (r.metrics or {}).get(metric)))
         by_search: dict[str, list] = {}
         for p in self.ledger.search_points(self.name):
-            by_search.setdefault(p.search, []).append(p)
+            if p.state != ABANDONED:
+                outcome = current_outcome(p.state, p.value, p.seeds, by_cell.get(p.cell_hash, []))
+                by_search.setdefault(p.search, []).append((p, *outcome))
         for name in self.searches:
             points = by_search.get(name, [])
-            scored = [p for p in points if p.state == "complete" and p.value is not None]
+            scored = [(p, value, seeds) for p, state, value, seeds in points if state == "complete"]
+            evaluated = sum(state in TOLD for _, state, _, _ in points)
             line = f"search {name}: {len(points)} of {self.compiled.study.search.n_trials} configurations"
-            line += f", {sum(p.state in TOLD for p in points)} evaluated"
+            line += f", {evaluated} evaluated"
             if scored:
-                best = (max if mode == "max" else min)(scored, key=lambda p: p.value)
+                best, value, seeds = (max if mode == "max" else min)(scored, key=lambda s: s[1])
                 line += (
-                    f"; best {metric} {best.value:.4g} (#{best.number}: {_shown(best.params)}, cell {best.cell_hash})"
+                    f"; best {metric} {value:.4g} over {seeds} seeds (#{best.number}: {_shown(best.params)}, "
+                    f"cell {best.cell_hash})"
                 )
-            open_ = len(points) - sum(p.state in TOLD for p in points)
-            if open_:
-                line += f"; {open_} not finished (submit again to finish them)"
+            if len(points) - evaluated:
+                line += f"; {len(points) - evaluated} not finished (submit again to finish them)"
             lines.append(line)
         return lines
 

@@ -52,6 +52,8 @@ class StudyRow(Base):
     mlflow_experiment_id: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # revision 0005: the submission running the study's search (`search:`), which one submit runs at a time
+    search_owner: Mapped[str | None] = mapped_column(String(36))
 
 
 class CellRow(Base):

@@ -68,6 +68,15 @@ def _json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
 
 
+def _study_row(study) -> StudyRow:
+    return StudyRow(
+        name=study.name,
+        spec_text=study.text,
+        spec_hash=hashlib.sha256(study.text.encode()).hexdigest(),
+        description=study.description,
+    )
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -230,7 +239,7 @@ class Ledger:
         with self.session() as s, s.begin():
             row = s.get(StudyRow, study.name)
             if row is None:
-                row = StudyRow(name=study.name, spec_text=text, spec_hash="", description=study.description)
+                row = _study_row(study)
                 s.add(row)
             row.spec_text, row.description, row.updated_at = text, study.description, utcnow()
             row.spec_hash = hashlib.sha256(text.encode()).hexdigest()
@@ -270,6 +279,16 @@ class Ledger:
                 else:
                     held.append(t.trial_key)
         return Registration(to_run, skipped, new, held)
+
+    def ensure_study(self, study) -> None:
+        """The study's row, made from its file when missing (a row that exists is left as it is): what a
+        submission of a study no submit has registered yet needs before anything else is written."""
+        try:
+            with self.session() as s, s.begin():
+                if s.get(StudyRow, study.name) is None:
+                    s.add(_study_row(study))
+        except IntegrityError:  # another process made it first
+            pass
 
     def set_experiment(self, study: str, experiment_id: str) -> None:
         with self.session() as s, s.begin():
@@ -357,6 +376,35 @@ class Ledger:
         with self.session() as s:
             return list(s.scalars(select(TrialRow.trial_key).where(TrialRow.owner == submission)))
 
+    def claim_search(self, study: str, submission: str, stale_after: float = STALE_AFTER_S) -> SubmissionRow | None:
+        """Take the study's search (`search:`, which one submit runs at a time) for `submission`, unless a live
+        submission holds it; returns None when `submission` holds it now, else the holder.
+
+        One conditional UPDATE of the study's row, as `claim` takes trials: of two submits claiming at once
+        exactly one gets it (SQLite serialises the writes; on PostgreSQL the loser's UPDATE waits for the
+        winner's and re-checks the row it wrote). A holder that is dead (as `dead_submissions` decides) or
+        ended is taken over; `release` gives it back."""
+        dead = [r.id for r in self.dead_submissions(study, stale_after)]
+        with self.session() as s, s.begin():
+            ended = select(SubmissionRow.id).where(SubmissionRow.ended_at.is_not(None))
+            free = or_(
+                StudyRow.search_owner.is_(None),
+                StudyRow.search_owner == submission,
+                StudyRow.search_owner.in_(dead),
+                StudyRow.search_owner.in_(ended),  # an ended submission stays ended: no newer row can be missed
+            )
+            s.execute(
+                update(StudyRow)
+                .where(StudyRow.name == study, free)
+                .values(search_owner=submission)
+                .execution_options(synchronize_session=False)
+            )
+        with self.session() as s:
+            owner = s.scalar(select(StudyRow.search_owner).where(StudyRow.name == study))
+            if owner is None:
+                raise StudyrunnerError(f"no study named {study!r} in {self.url} to run a search of")
+            return None if owner == submission else s.get(SubmissionRow, owner)
+
     def request_cancel(self, study: str) -> tuple[int, int]:
         """Ask the study's live submissions to stop; unleased pending trials become cancelled at once.
         Returns (submissions asked, trials cancelled now)."""
@@ -402,6 +450,12 @@ class Ledger:
                 )
             )
             s.execute(update(TrialRow).where(mine).values(owner=None).execution_options(synchronize_session=False))
+            s.execute(
+                update(StudyRow)
+                .where(StudyRow.search_owner == submission)
+                .values(search_owner=None)
+                .execution_options(synchronize_session=False)
+            )
             by = "by the submitting process" if not died else "(the submitting process died)"
             self._end_open_attempts(s, unfinished, why, f"{why} {by}")
             if died:

@@ -8,7 +8,9 @@ their key order, number formatting or YAML style.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
+import json
 import math
 from typing import Any
 
@@ -16,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import SpecError
 from ..models import get_family
-from ..tasks import get_task
+from ..tasks import build_task, get_task
 from .baselines import add_baselines
 from .canonical import canonical_json, config_hash, trial_key
 from .compiled import Cell, CompiledStudy, Trial
@@ -33,11 +35,15 @@ class _Invalid(Exception):
         self.loc, self.msg = loc, msg
 
 
-def _validate(model: type[BaseModel], data: Any, prefix: tuple) -> dict[str, Any]:
+def _validated(model: type[BaseModel], data: Any, prefix: tuple) -> BaseModel:
     try:
-        return model.model_validate(data).model_dump(mode="json")
+        return model.model_validate(data)
     except ValidationError as exc:
         raise _Invalid(*describe(exc, model, prefix)) from None
+
+
+def _validate(model: type[BaseModel], data: Any, prefix: tuple) -> dict[str, Any]:
+    return _validated(model, data, prefix).model_dump(mode="json")
 
 
 def resolve(raw: dict[str, Any]) -> dict[str, Any]:
@@ -56,21 +62,24 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
     for section in ("task", "model"):
         if not isinstance(raw[section].get("params", {}), dict):
             raise _Invalid((section, "params"), "must be a mapping of parameter names to values")
+    task_params = _validate(task.params_model, raw["task"].get("params", {}), ("task", "params"))
+    model_params = _validated(family.params_model, raw["model"].get("params", {}), ("model", "params"))
+    normalised = model_params.normalised(lambda: _task_facts(task.name, canonical_json(task_params)))
     resolved = {
-        "task": {
-            "name": task.name,
-            "params": _validate(task.params_model, raw["task"].get("params", {}), ("task", "params")),
-        },
-        "model": {
-            "family": family.name,
-            "params": _validate(family.params_model, raw["model"].get("params", {}), ("model", "params")),
-        },
+        "task": {"name": task.name, "params": task_params},
+        "model": {"family": family.name, "params": normalised.model_dump(mode="json")},
         "train": _validate(TrainSection, raw["train"], ("train",)),
         "eval": _validate(EvalSection, raw["eval"], ("eval",)),
     }
     if problem := knob_problem(family, resolved):  # e.g. train.ponder_lambda on a family without halting
         raise _Invalid(*problem)
     return resolved
+
+
+@functools.lru_cache(maxsize=256)
+def _task_facts(name: str, params_json: str):
+    """A task's facts (sequence length, vocabulary), for params that depend on them (`normalised`)."""
+    return build_task(name, json.loads(params_json), seed=0).facts
 
 
 def _with_baselines(study: Study, cells: list[Cell]) -> list[Cell]:

@@ -74,11 +74,13 @@ class Task:
     decode_feedback: bool = True
 
     def decode_metric_names(self) -> set[str]:
-        """What a decoding evaluation reports for this task (train/decoding.py)."""
+        """What a family with a KV cache reports on this task (train/decoding.py): the decoding evaluation's
+        metrics where the task decodes, else (causal tasks) the analytic KV bytes per token."""
+        per_token = {"kv_cache_bytes_per_token", "kv_cache_bytes_per_token_analytic"}
         if not self.decodes:
-            return set()
+            return per_token if self.facts.causal else set()
         kinds = ("loss", *self.metric_kinds)
-        memory = {"kv_cache_bytes_per_token", "kv_cache_bytes_per_token_analytic", "kv_cache_bytes"}
+        memory = per_token | {"kv_cache_bytes"}
         return {f"eval_decode_{k}" for k in kinds} | memory | {"eval_peak_memory_bytes", "decode_tokens_per_sec"}
 
     def split_names(self) -> list[str]:

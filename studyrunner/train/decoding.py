@@ -18,6 +18,12 @@ What it reports (names in `Task.decode_metric_names`):
   millisecond from /proc/self/statm (weights, data and the Python process included; 0 where there is
   no /proc);
 - `decode_tokens_per_sec`.
+
+A trial of a family with a KV cache on a causal task without a decoding evaluation (p-hop, var_assign, ...)
+reports the analytic figure under both names, `kv_cache_bytes_per_token` and
+`kv_cache_bytes_per_token_analytic` (`kv_footprint`): the family's count from the model's shape (layers,
+loops, heads x head dim = d_model, the compute dtype; MELT's one cache shared by every loop), which a decoding
+task's measured figure equals (tests check it), so every trial of such a family can be compared on it.
 """
 
 from __future__ import annotations
@@ -40,6 +46,21 @@ def decodes(model: torch.nn.Module, task: Task) -> bool:
     params = getattr(model, "p", None)
     can = hasattr(model, "new_cache") and (params is None or params.supports_decoding())
     return bool(getattr(task, "decodes", False)) and can
+
+
+def has_kv_cache(model: torch.nn.Module, task: Task) -> bool:
+    """Would this model keep a KV cache serving this task: a family that decodes with one (`kv_bytes_per_token`),
+    on a causal task (a bidirectional encoder's keys change with every later token, so it keeps none)."""
+    params = getattr(model, "p", None)
+    can = hasattr(model, "kv_bytes_per_token") and (params is None or params.supports_decoding())
+    return can and task.facts.causal
+
+
+def kv_footprint(model: torch.nn.Module) -> dict[str, float]:
+    """The analytic KV cache bytes per token under both names, for a trial without a decoding evaluation."""
+    device = next(model.parameters()).device
+    per_token = float(model.kv_bytes_per_token(dtype=compute_dtype(model, device)))
+    return {"kv_cache_bytes_per_token": per_token, "kv_cache_bytes_per_token_analytic": per_token}
 
 
 @torch.no_grad()

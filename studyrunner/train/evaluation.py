@@ -19,7 +19,7 @@ import torch
 from ..models.representations import tracing
 from ..models.trajectories import ENUMERATE_ALL, front_loading, grid_label, grid_trajectories, schedule
 from ..tasks import Batch, Task
-from .decoding import decodes, decoding_eval
+from .decoding import decodes, decoding_eval, has_kv_cache, kv_footprint
 
 EVAL_CHUNK = 256  # examples per eval forward: bounds memory for long sequences
 PROBE_EXAMPLES = 64  # the probe batch of the representation diagnostics
@@ -185,4 +185,6 @@ def evaluate_and_record(
         record.update(evaluate_depths(model, task, splits, ev))
         if decodes(model, task):  # tasks that generate, on families with a KV cache (decoding.py)
             record.update(decoding_eval(model, task, splits))
+        elif has_kv_cache(model, task):  # the cache such a model would keep, from its shape
+            record.update(kv_footprint(model))
     return record

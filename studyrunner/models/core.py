@@ -97,6 +97,12 @@ class CoreParams(StrictParams):
         """Parameter groups whose gradient norm the trainer records as `{group}_grad_norm`."""
         return set()
 
+    def param_groups(self) -> dict[str, tuple[str, ...]]:
+        """Named groups of a model's parameters that `train.lr_groups` can give learning rates of their own:
+        group name -> `fnmatch` patterns over parameter names (`model.named_parameters()`). Every other
+        parameter is in the group `rest`. A paper's mechanism is a group (MELT's gates, a halting router)."""
+        return {}
+
     def diagnostic_names(self) -> set[str]:
         """Every name the model may put in ModelOutput.diagnostics (at the trained depth)."""
         return set()

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ..models import build_model, count_params
+from ..models import build_model, count_params, get_family
 from ..tasks import build_task
 from .checkpoint import (
     Checkpoints,
@@ -187,7 +187,15 @@ def build_trial(
         model.convert_from(load_teacher(teacher, task.facts, runtime.device))
     if hasattr(model, "configure"):  # a family that reads train/eval knobs of its own (train.trajectory)
         model.configure(train, ev)
-    optimizer = make_optimizer(model, train["lr"], train["weight_decay"], tuple(train["betas"]), fused=runtime.on_cuda)
+    optimizer = make_optimizer(
+        model,
+        train["lr"],
+        train["weight_decay"],
+        tuple(train["betas"]),
+        fused=runtime.on_cuda,
+        lr_groups=train.get("lr_groups"),
+        param_groups=family_params(config["model"]).param_groups(),
+    )
     splits = {name: runtime.to_device(batch) for name, batch in task.eval_sets(ev["examples"]).items()}
     static = {
         "params": float(count_params(model)),
@@ -199,6 +207,11 @@ def build_trial(
     trial = TrialSetup(train, ev, task, model, optimizer, splits, static, grad_groups, runtime, step_model)
     trial.engine = make_engine(trial)  # last: DeepSpeed takes over the model and optimizer built above
     return trial
+
+
+def family_params(model: dict[str, Any]):
+    """The validated params of a resolved config's `model` section (what the family declares about it)."""
+    return get_family(model["family"]).params_model.model_validate(model["params"])
 
 
 def make_engine(trial: TrialSetup) -> Engine:

@@ -287,3 +287,45 @@ def test_unknown_or_bad_lr_groups_are_refused_naming_the_groups(family, groups, 
     text = text.replace(", chunk_size: 3", "" if family != "melt" else ", chunk_size: 3")
     with pytest.raises(StudyrunnerError, match=message):
         compile_study(loads(text))
+
+
+# ------------------------------------------------------------------------ the teacher's own numbers
+
+
+def test_a_conversion_scores_its_teacher_on_its_own_eval_sets(teacher):
+    """teacher_eval_* (and the decoding and KV metrics of a decoded task): a claim can set each student
+    beside its teacher; validate knows the names."""
+    from studyrunner.train.evaluation import decoding_eval, evaluate
+
+    trial = build_trial(student("distill_lambda: 1.0"), 0, teacher=teacher)
+    frozen = trial.model._teacher[0]
+    expected = evaluate(frozen, trial.task, trial.splits, representations=False)
+    assert trial.static["teacher_eval_loss"] == expected["eval_loss"]
+    decoded = decoding_eval(frozen, trial.task, trial.splits)
+    assert trial.static["teacher_eval_decode_loss"] == decoded["eval_decode_loss"]
+    assert "teacher_decode_tokens_per_sec" not in trial.static  # wall-clock: not reproducible
+    assert trial.static["teacher_kv_cache_bytes_per_token"] == 2 * trial.model.kv_bytes_per_token()  # T=2 rows vs 1
+    text = TEACHER.replace("name: teacher", "name: s").replace("family: looplm", "family: melt")
+    text = text.replace("loops: 2}", "loops: 2, chunk_size: 3, teacher: teacher-0123456789ab-s0}")
+    text = text.replace("log_every: 1}", "log_every: 1, distill_lambda: 1.0}")
+    claim = 'claims: ["eval_decode_loss > teacher_eval_decode_loss", "teacher_kv_cache_bytes_per_token > 1"]\n'
+    compile_study(loads(text + claim))
+    with pytest.raises(StudyrunnerError, match="teacher_eval_bogus"):
+        compile_study(loads(text + 'claims: ["eval_loss > teacher_eval_bogus"]\n'))
+
+
+def test_cells_that_turn_the_distillation_off_or_change_it_compose_with_a_distilling_base():
+    """The base's resolved defaults (task_loss, divergence, beta) must not make a variant invalid."""
+    text = (
+        "name: student\n"
+        + TASK
+        + "model: {family: melt, params: {d_model: 16, n_heads: 2, loops: 2, teacher: teacher-0123456789ab-s0}}\n"
+        + "train: {steps: 6, distill_lambda: 1.0, align_beta: 0.1}\nseeds: [0]\n"
+        + "grid: {train.distill_divergence: [jsd, forward_kl]}\n"
+        + "include: [{train.distill_lambda: null, train.distill_divergence: null}]\n"
+    )
+    cells = {c.label: c.config["train"] for c in compile_study(loads(text)).cells}
+    assert cells["distill_divergence=jsd"]["distill_jsd_beta"] == 0.5
+    assert "distill_jsd_beta" not in cells["distill_divergence=forward_kl"]
+    off = cells["distill_lambda=None distill_divergence=None"]
+    assert not any(k.startswith(("distill", "task_loss")) for k in off)

@@ -215,3 +215,14 @@ def _rows(compiled):
     trial = compiled.trials[0]
     run_trial(trial.config, trial.seed, reporter)
     return reporter.rows
+
+
+def test_late_step_cka_is_the_mean_over_the_second_half_of_the_steps():
+    from studyrunner.models.representations import representation_diagnostics
+
+    torch.manual_seed(0)
+    states = [torch.randn(40, 8, dtype=torch.float64) for _ in range(9)]  # steps 0..8
+    out = representation_diagnostics(states)
+    late = [out[f"repr_cka_{t - 1}_{t}"] for t in range(5, 9)]
+    assert out["repr_cka_adjacent_late_mean"] == pytest.approx(sum(late) / 4)
+    assert representation_diagnostics(states[:2])["repr_cka_adjacent_late_mean"] == out["repr_cka_0_1"]

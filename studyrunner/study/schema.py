@@ -292,16 +292,26 @@ class TrainSection(Strict):
 
     @model_validator(mode="after")
     def _distill_knobs_need_distillation(self) -> TrainSection:
-        for knob in (*DISTILL_DEFAULTS, "distill_jsd_beta"):
-            if getattr(self, knob) is not None and not self.distill_lambda:
+        """A distillation knob without distillation (or a JSD beta with another divergence) is refused, except
+        at its default, which resolves to unset: a cell that turns the distillation off (a grid over
+        distill_lambda, an include) inherits the resolved defaults of the study's base."""
+        defaults = {**DISTILL_DEFAULTS, "distill_jsd_beta": JSD_BETA_DEFAULT}
+        idle = {knob: not self.distill_lambda for knob in DISTILL_DEFAULTS}
+        idle["distill_jsd_beta"] = not self.distill_lambda or (self.distill_divergence or "jsd") != "jsd"
+        for knob, unused in idle.items():
+            value = getattr(self, knob)
+            if value is None or not unused:
+                continue
+            if value != defaults[knob]:
+                if self.distill_lambda:
+                    raise ValueError(
+                        f"{knob} has no effect with distill_divergence {self.distill_divergence!r} (only jsd)"
+                    )
                 raise ValueError(
                     f"{knob} is set but nothing is distilled (train.distill_lambda is unset or 0); it only acts on a "
                     "melt cell with a teacher and train.distill_lambda > 0"
                 )
-        if self.distill_jsd_beta is not None and (self.distill_divergence or "jsd") != "jsd":
-            raise ValueError(
-                f"distill_jsd_beta has no effect with distill_divergence {self.distill_divergence!r} (only jsd)"
-            )
+            setattr(self, knob, None)
         return self
 
     @field_validator("lr_groups")

@@ -191,6 +191,29 @@ def spearman(x: list[float], y: list[float]) -> float | None:
     return sxy / math.sqrt(sxx * syy)
 
 
+TEACHER_PREFIX = "teacher_"
+UNREPRODUCIBLE = ("eval_peak_memory_bytes", "decode_tokens_per_sec")  # of the machine, not the model
+
+
+def teacher_metric_names(task: Task) -> set[str]:
+    """What `teacher_scores` reports for this task (what `validate` checks claims against)."""
+    names = task.reported_metrics() | (task.decode_metric_names() - set(UNREPRODUCIBLE))
+    return {TEACHER_PREFIX + name for name in names}
+
+
+def teacher_scores(teacher: torch.nn.Module, task: Task, splits: dict[str, Batch]) -> dict[str, float]:
+    """A conversion's teacher scored once on the trial's own eval sets (it is frozen): `teacher_eval_*`, and
+    where the task decodes, its decoding and KV-cache metrics (`teacher_eval_decode_bpc`,
+    `teacher_kv_cache_bytes_per_token`), so a claim can compare each student with its teacher trial by
+    trial. Wall-clock and peak memory are left out; no random stream is drawn from."""
+    with torch.random.fork_rng(devices=[]):
+        record = evaluate(teacher, task, splits, representations=False)
+        if decodes(teacher, task):
+            record.update(decoding_eval(teacher, task, splits))
+    wanted = teacher_metric_names(task)
+    return {TEACHER_PREFIX + k: v for k, v in record.items() if TEACHER_PREFIX + k in wanted}
+
+
 def evaluate_and_record(
     model: torch.nn.Module, task: Task, splits: dict[str, Batch], done: int, steps: int, ev: dict[str, Any]
 ) -> dict[str, float]:

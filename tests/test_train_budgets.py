@@ -218,6 +218,8 @@ def _rows(compiled):
 
 
 def test_late_step_cka_is_the_mean_over_the_second_half_of_the_steps():
+    import torch
+
     from studyrunner.models.representations import representation_diagnostics
 
     torch.manual_seed(0)

@@ -267,6 +267,15 @@ def test_lr_groups_reach_the_optimizer_through_warmup_and_cosine():
             assert group["lr"] == pytest.approx(peak * factor, rel=1e-9)
 
 
+def test_a_group_the_config_lacks_goes_unused():
+    """A grid over MELT's gates: the fixed variants have no gate parameters; their cells still validate."""
+    config = compile_study(
+        loads(STUDY.replace("LR", "lr_groups: {gates: 5.0e-4}").replace("loops: 2", "loops: 2, gate: mean"))
+    )
+    trial = build_trial(config.cells[0].config, 0)
+    assert {g["lr_group"] for g in trial.optimizer.param_groups} == {"rest"}
+
+
 def test_without_lr_groups_one_rate_and_the_two_decay_groups_as_before():
     trial = build_trial(compile_study(loads(STUDY.replace(", LR", ""))).cells[0].config, 0)
     groups = trial.optimizer.param_groups
@@ -277,7 +286,11 @@ def test_without_lr_groups_one_rate_and_the_two_decay_groups_as_before():
 @pytest.mark.parametrize(
     ("family", "groups", "message"),
     [
-        ("melt", "{gate: 1.0e-3}", "names group 'gate', which model family 'melt' does not have.*gates, rest"),
+        (
+            "melt",
+            "{gate: 1.0e-3}",
+            "names group 'gate', which model family 'melt' does not have; its groups: gates, rest",
+        ),
         ("looplm", "{gates: 1.0e-3}", "its groups: exit_gate, rest"),
         ("melt", "{rest: 0}", "a learning rate is a number in"),
     ],

@@ -68,6 +68,9 @@ class CoreParams(StrictParams):
     # For each aux term the family can produce, the `model.params` setting that makes it do so: the
     # hint in the error when a study weights a term (train.ponder_lambda, ...) its config lacks.
     aux_term_sources: ClassVar[dict[str, str]] = {}
+    # Every parameter group `param_groups()` may name for some config of the family (train.lr_groups may
+    # name any of them; a config without the mechanism has no such parameters, and the rate goes unused).
+    lr_group_names: ClassVar[tuple[str, ...]] = ()
 
     @model_serializer(mode="wrap")
     def _omit_new_knobs_at_default(self, handler: SerializerFunctionWrapHandler) -> Any:

@@ -78,6 +78,8 @@ class LoopedParams(CoreParams):
     def aux_terms(self) -> set[str]:
         return {"regulariser"} if self.regulariser_k is not None else set()
 
+    lr_group_names = ("memory",)
+
     def param_groups(self) -> dict[str, tuple[str, ...]]:
         return {"memory": ("memory.*",)} if self.memory_slots else {}
 

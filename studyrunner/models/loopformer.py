@@ -128,6 +128,8 @@ class LoopFormerParams(CoreParams):
             raise ValueError(f"fourier_features must be even (cos and sin pairs), got {self.fourier_features}")
         return self
 
+    lr_group_names = ("conditioning",)
+
     def param_groups(self) -> dict[str, tuple[str, ...]]:
         """`conditioning`: the (t, Δ) or step-index embedders and every block's AdaLN modulator."""
         if self.conditioning == "none":

@@ -77,6 +77,8 @@ class LoopLMParams(CoreParams):
     def aux_terms(self) -> set[str]:
         return {"exit_kl_uniform"}
 
+    lr_group_names = ("exit_gate",)
+
     def param_groups(self) -> dict[str, tuple[str, ...]]:
         return {"exit_gate": ("exit_gate.*",)}
 

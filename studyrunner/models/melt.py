@@ -147,6 +147,8 @@ class MeltParams(CoreParams):
     def aux_terms(self) -> set[str]:
         return {"distill", "attn_align"} if self.teacher is not None else set()
 
+    lr_group_names = ("gates",)
+
     def param_groups(self) -> dict[str, tuple[str, ...]]:
         """`gates`: W_z, U_z, b_z of every layer (Table 6 trains them at 5e-4, the rest at 8e-6)."""
         return {"gates": ("gates.*",)} if self.gate in LEARNED_GATES else {}

@@ -77,6 +77,8 @@ class UTActParams(CoreParams):
     def grad_norm_groups(self) -> set[str]:
         return {"router"} if self.act else set()
 
+    lr_group_names = ("router", "memory")
+
     def param_groups(self) -> dict[str, tuple[str, ...]]:
         groups = {"router": ("router.*",)} if self.act else {}
         return groups | ({"memory": ("memory.*",)} if self.memory_slots else {})

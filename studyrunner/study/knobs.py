@@ -70,12 +70,12 @@ def _lr_groups_problem(family: FamilyEntry, params: Any, train: dict[str, Any]) 
     groups = train.get("lr_groups")
     if not groups:
         return None
-    known = [*params.param_groups(), "rest"]
+    known = [*type(params).lr_group_names, "rest"]
     unknown = [g for g in groups if g not in known]
     if unknown:
         return ("train", "lr_groups"), (
-            f"names group {unknown[0]!r}, which model family {family.name!r} does not have with these params; "
-            f"its groups: {', '.join(known)} (rest = every other parameter)"
+            f"names group {unknown[0]!r}, which model family {family.name!r} does not have; its groups: "
+            f"{', '.join(known)} (rest = every other parameter)"
         )
     for knob in ("vectorize_seeds", "engine"):
         if train.get(knob) and not (knob == "engine" and train[knob] == "plain"):

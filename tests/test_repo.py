@@ -26,7 +26,9 @@ def test_readme_opens_with_setup_and_quickstart_and_ci_runs_them():
     assert ci.index(commands[0]) < ci.index(test_command)
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "studies").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "studies").rglob("*.yaml")), ids=lambda p: str(p.relative_to(ROOT / "studies"))
+)
 def test_shipped_studies_compile(path):
     compiled = load_and_compile(path)
     assert compiled.trials or (compiled.study.search and compiled.bases)  # a search's cells come as it runs

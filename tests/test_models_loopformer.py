@@ -194,7 +194,7 @@ def test_training_forwards_cost_what_the_objective_says():
     torch.manual_seed(3)
     model(x)
     torch.manual_seed(3)
-    short = sample_shortcut("grid_composition", 4, 3)
+    short = sample_shortcut(model.p.shortcut_sampler, 4, 3)
     assert len(calls) == 4 + len(short)
 
 
@@ -238,7 +238,7 @@ def test_consistency_is_one_sided_the_full_run_is_a_detached_teacher():
     through_model = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
     torch.manual_seed(5)
-    short = sample_shortcut("grid_composition", 4, 3)
+    short = sample_shortcut(model.p.shortcut_sampler, 4, 3)
     with torch.no_grad():
         teacher = model.head.norm(
             model._run(model.embed(x), model._modulations([0.25] * 4, x.device), 4, trace=False)[0]

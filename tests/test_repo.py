@@ -64,7 +64,9 @@ def test_readme_links_reach_files_and_manual_pages():
         assert page in linked, f"the README does not link the manual's {page}"
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "studies").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "studies").rglob("*.yaml")), ids=lambda p: str(p.relative_to(ROOT / "studies"))
+)
 def test_shipped_studies_compile(path):
     compiled = load_and_compile(path)
     assert compiled.trials or (compiled.study.search and compiled.bases)  # a search's cells come as it runs

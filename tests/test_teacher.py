@@ -71,6 +71,9 @@ def test_a_student_trains_from_its_teacher_through_the_stack(trained):
         assert name in row.metrics, name
     assert row.metrics["attn_align_weight"] == 0.1 and row.metrics["interp_alpha"] == 1.0
     assert row.metrics["kv_cache_bytes_per_token"] == 2 * 2 * 16 * 4  # N rows of keys and values, fp32
+    # the teacher, scored in the student's trial: T = 2 loops of rows, and its own decoded loss
+    assert row.metrics["teacher_kv_cache_bytes_per_token"] == 2 * row.metrics["kv_cache_bytes_per_token"]
+    assert "teacher_eval_decode_loss" in row.metrics and "teacher_decode_tokens_per_sec" not in row.metrics
 
 
 def test_the_student_starts_from_the_teachers_final_weights(trained):

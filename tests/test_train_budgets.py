@@ -10,10 +10,11 @@ import pytest
 from studyrunner.errors import SpecError
 from studyrunner.models import build_model
 from studyrunner.models.representations import representation_names
+from studyrunner.models.trajectories import front_loading
 from studyrunner.study import compile_study, loads
 from studyrunner.tasks import build_task
 from studyrunner.train import MemoryReporter, run_trial
-from studyrunner.train.evaluation import evaluate, spearman
+from studyrunner.train.evaluation import best_fronts, evaluate, spearman
 
 STUDY = """\
 name: budgets
@@ -97,11 +98,25 @@ def test_enumerate_all_logs_every_grid_trajectory_and_their_spread():
     assert final["eval_loss_budget_2_min"] == min(losses) and final["eval_loss_budget_2_max"] == max(losses)
     assert final["eval_loss_budget_2_spread"] == pytest.approx(max(losses) - min(losses))
     assert final["eval_loss_budget_2_front_rho"] == pytest.approx(spearman([0.0, 0.5, 1.0], losses))
+    best = [[0.25, 0.75], [0.5, 0.5], [0.75, 0.25]][min(range(3), key=losses.__getitem__)]
+    assert final["eval_loss_budget_2_best_front"] == final["eval_loss_budget_2_top_front"] == front_loading(best)
     assert final["eval_loss_budget_4_spread"] == 0.0 and "eval_loss_budget_4_steps_1_1_1_1" in final
     # validate knows every name: a metric from the enumeration is accepted, one that cannot exist is not
     study(eval="budgets: [2], trajectory: enumerate_all", metric="eval_accuracy_budget_2_steps_3_1")
     with pytest.raises(SpecError, match="metric.name: no trial of this study reports 'eval_loss_budget_2_steps_4_0'"):
         study(eval="budgets: [2], trajectory: enumerate_all", metric="eval_loss_budget_2_steps_4_0")
+
+
+def test_best_schedules_front_loading():
+    """The paper's statement, "the best schedules are front-loaded", as numbers: the front-loading of the best
+    trajectory and the mean of the best fifth; ties for best share it."""
+    fronts = [0.0, 0.25, 0.5, 0.75, 1.0, 0.9, 0.1, 0.6, 0.4, 0.3]
+    losses = [5.0, 4.0, 3.0, 2.0, 1.0, 1.0, 6.0, 7.0, 8.0, 9.0]
+    assert best_fronts(fronts, losses, lower_is_better=True) == (pytest.approx(0.95), pytest.approx(0.95))
+    accuracy = [-v for v in losses]
+    assert best_fronts(fronts, accuracy, lower_is_better=False) == (pytest.approx(0.95), pytest.approx(0.95))
+    # one clear best; the top fifth (2 of 10) reaches into a nine-way tie, which counts whole
+    assert best_fronts(fronts, [1.0] * 9 + [0.0], lower_is_better=True) == (0.3, pytest.approx(0.48))
 
 
 def test_spearman():
@@ -200,3 +215,16 @@ def _rows(compiled):
     trial = compiled.trials[0]
     run_trial(trial.config, trial.seed, reporter)
     return reporter.rows
+
+
+def test_late_step_cka_is_the_mean_over_the_second_half_of_the_steps():
+    import torch
+
+    from studyrunner.models.representations import representation_diagnostics
+
+    torch.manual_seed(0)
+    states = [torch.randn(40, 8, dtype=torch.float64) for _ in range(9)]  # steps 0..8
+    out = representation_diagnostics(states)
+    late = [out[f"repr_cka_{t - 1}_{t}"] for t in range(5, 9)]
+    assert out["repr_cka_adjacent_late_mean"] == pytest.approx(sum(late) / 4)
+    assert representation_diagnostics(states[:2])["repr_cka_adjacent_late_mean"] == out["repr_cka_0_1"]

@@ -90,6 +90,14 @@ class AdaptiveLayersParams(CoreParams):
     def grad_norm_groups(self) -> set[str]:
         return {"router"} if self.loops > 1 else set()
 
+    lr_group_names = ("router", "memory")
+
+    def param_groups(self) -> dict[str, tuple[str, ...]]:
+        groups = {"router": ("layers.*.router.*",)} if self.loops > 1 else {}
+        if self.memory_slots or self.memory_global_slots:
+            groups["memory"] = ("layers.*.memory.*", "global_bank.*")
+        return groups
+
     def traced_steps(self) -> int:
         return self.n_layers * self.loops  # every layer's steps in turn: one per block application
 

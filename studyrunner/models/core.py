@@ -68,6 +68,9 @@ class CoreParams(StrictParams):
     # For each aux term the family can produce, the `model.params` setting that makes it do so: the
     # hint in the error when a study weights a term (train.ponder_lambda, ...) its config lacks.
     aux_term_sources: ClassVar[dict[str, str]] = {}
+    # Every parameter group `param_groups()` may name for some config of the family (train.lr_groups may
+    # name any of them; a config without the mechanism has no such parameters, and the rate goes unused).
+    lr_group_names: ClassVar[tuple[str, ...]] = ()
 
     @model_serializer(mode="wrap")
     def _omit_new_knobs_at_default(self, handler: SerializerFunctionWrapHandler) -> Any:
@@ -96,6 +99,12 @@ class CoreParams(StrictParams):
     def grad_norm_groups(self) -> set[str]:
         """Parameter groups whose gradient norm the trainer records as `{group}_grad_norm`."""
         return set()
+
+    def param_groups(self) -> dict[str, tuple[str, ...]]:
+        """Named groups of a model's parameters that `train.lr_groups` can give learning rates of their own:
+        group name -> `fnmatch` patterns over parameter names (`model.named_parameters()`). Every other
+        parameter is in the group `rest`. A paper's mechanism is a group (MELT's gates, a halting router)."""
+        return {}
 
     def diagnostic_names(self) -> set[str]:
         """Every name the model may put in ModelOutput.diagnostics (at the trained depth)."""

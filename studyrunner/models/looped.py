@@ -78,6 +78,11 @@ class LoopedParams(CoreParams):
     def aux_terms(self) -> set[str]:
         return {"regulariser"} if self.regulariser_k is not None else set()
 
+    lr_group_names = ("memory",)
+
+    def param_groups(self) -> dict[str, tuple[str, ...]]:
+        return {"memory": ("memory.*",)} if self.memory_slots else {}
+
     def baseline(self, kind: str) -> tuple[str, dict] | None:
         if self.loops == 1:
             return None

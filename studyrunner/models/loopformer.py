@@ -29,8 +29,12 @@ Readings where the paper is unclear (notes: seed_004_loopformer.md), each with i
 - consistency target: the final hidden state (Alg. 1 and the official code), `consistency_target:
   logits` for §3.3's "per-token logits"; taken after the final norm, as the code does (its forward
   returns the normed state), with a mean over elements (`F.mse_loss`, the code's);
-- the shortcut sampler: uniform over grid compositions by default (the notes' reading),
-  `grid_sequential` for the official code's sampler, `dirichlet` for continuous steps;
+- the shortcut sampler: the official code's `sample_short_trajectory` by default (`grid_sequential`:
+  each step in turn uniform on the 1/L grid within what the remaining steps leave), which is what
+  §4.4's trajectories were trained with; it favours front-loaded shortcuts (at L = 8, S = 4:
+  P(5,1,1,1) = 0.2, P(first step >= 4/8) = 0.4). `grid_composition` (uniform over the C(L-1, S-1)
+  compositions: 1/35 and 4/35 there; the notes' reading of the paper's "uniform discrete step
+  schedule", and this family's default before) and `dirichlet` (continuous steps) are the alternatives;
 - the early-exit baselines' short run: an exit of the full run (no recompute; identical values and
   gradients to the official code's second forward of S steps, at no extra block applications);
 - the modulator's init: zero (see conditioning.py for why the official code's is not).
@@ -53,7 +57,15 @@ from .core import Block, CoreParams, Embedding, Head, init_weights, rotary_for
 from .output import ModelOutput
 from .registry import TaskFactsLike, register_family
 from .representations import trace_step
-from .trajectories import ENUMERATE_ALL, SUM_TOLERANCE, sample_shortcut, schedule, schedule_length, start_times
+from .trajectories import (
+    ENUMERATE_ALL,
+    SAMPLERS,
+    SUM_TOLERANCE,
+    sample_shortcut,
+    schedule,
+    schedule_length,
+    start_times,
+)
 
 EARLY_EXIT = ("early_exit", "early_exit_consistency")
 CONSISTENCY = ("early_exit_consistency", "shortcut_consistency")
@@ -81,10 +93,12 @@ class LoopFormerParams(CoreParams):
     consistency_target: Literal["hidden", "logits"] = Field(
         "hidden", description="What the consistency term matches: the final (normed) hidden state, or the logits."
     )
-    shortcut_sampler: Literal["grid_composition", "grid_sequential", "dirichlet"] = Field(
-        "grid_composition",
-        description="Step sizes of the short trajectory: uniform over compositions on the 1/L grid, the "
-        "official code's sequential grid sampler, or Dirichlet(1,...,1) off the grid.",
+    shortcut_sampler: Literal["grid_sequential", "grid_composition", "dirichlet"] = Field(
+        "grid_sequential",
+        description="Step sizes of the short trajectory: grid_sequential (default) = the official code's sampler, "
+        "each step in turn uniform on the 1/L grid within what the remaining steps leave (favours long first "
+        "steps: P(5,1,1,1) = 0.2 at L = 8, S = 4); grid_composition = uniform over compositions on the grid "
+        "(1/35); dirichlet = Dirichlet(1,...,1) off the grid.",
     )
     fourier_features: int = Field(256, ge=2, le=8192, description="Fourier features per embedded scalar (paper: 256).")
     max_period: float = Field(10000.0, gt=1, le=1e9, description="Longest period of the Fourier features.")
@@ -108,11 +122,19 @@ class LoopFormerParams(CoreParams):
             raise ValueError(f"objective {self.objective} trains a shorter run beside the full one: needs loops >= 2")
         if self.objective not in CONSISTENCY and self.consistency_target != "hidden":
             raise ValueError(f"consistency_target has no effect with objective {self.objective} (no consistency term)")
-        if self.objective != "shortcut_consistency" and self.shortcut_sampler != "grid_composition":
+        if self.objective != "shortcut_consistency" and self.shortcut_sampler != SAMPLERS[0]:
             raise ValueError(f"shortcut_sampler has no effect with objective {self.objective} (no sampled trajectory)")
         if self.fourier_features % 2:
             raise ValueError(f"fourier_features must be even (cos and sin pairs), got {self.fourier_features}")
         return self
+
+    lr_group_names = ("conditioning",)
+
+    def param_groups(self) -> dict[str, tuple[str, ...]]:
+        """`conditioning`: the (t, Δ) or step-index embedders and every block's AdaLN modulator."""
+        if self.conditioning == "none":
+            return {}
+        return {"conditioning": ("time_embed.*", "step_embed.*", "blocks.*.modulator.*")}
 
     def aux_terms(self) -> set[str]:
         return {"fixed": set(), "early_exit": {"shortcut"}}.get(self.objective, {"shortcut", "consistency"})

@@ -4,6 +4,14 @@ The whole stack of `block_layers` distinct layers (N) runs `loops` times (T); em
 (final norm + projection) after every loop, and a shared exit gate on each loop's final-normed state
 (`exits.py`): lambda_t = sigmoid(g), p_t = lambda_t * prod_{j<t} (1 - lambda_j), the remainder to T.
 
+What the next loop reads (`loop_input`): Ouro's model file applies the final norm at the end of every
+loop and carries that normed state into the next loop (`hidden_states = self.norm(hidden_states)` inside
+the loop over `total_ut_steps`), so `normed` (the default) does the same: loop t + 1 starts from
+norm(h_t), the state the head and the exit gate read. `residual` carries the un-normed residual stream
+instead (the final norm only feeds the head and the gate), which is what this family did before; it
+differs from `normed` from the second loop on, and a 1-loop model is the same either way. Ouro's layers
+also have sandwich norms (a norm after attention and after the MLP), which the shared core does not.
+
 Training minimises the expected task loss over exits, sum_t p_t L_t (through `ModelOutput.exits`, so the
 trainer stays family-agnostic), plus `train.exit_entropy_beta` times KL(p || uniform) (aux term
 `exit_kl_uniform`; Ouro's -beta H(p) up to a constant). The reading of "expected loss" is Ouro's paper
@@ -22,6 +30,8 @@ a token keeps N * T key/value rows: L * N * 2 * d * bytes * T per sequence of L 
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -48,6 +58,11 @@ class LoopLMParams(CoreParams):
     exit_step: int | None = Field(
         None, ge=1, le=1024, description="Inference exit at this fixed step (capped at the loops run)."
     )
+    loop_input: Literal["normed", "residual"] = Field(
+        "normed",
+        description="What each loop after the first reads: normed (default, Ouro's model file) = the previous "
+        "loop's final-normed state, the one the head and exit gate see; residual = the un-normed residual stream.",
+    )
 
     aux_term_sources = {"exit_kl_uniform": "family looplm"}
 
@@ -61,6 +76,11 @@ class LoopLMParams(CoreParams):
 
     def aux_terms(self) -> set[str]:
         return {"exit_kl_uniform"}
+
+    lr_group_names = ("exit_gate",)
+
+    def param_groups(self) -> dict[str, tuple[str, ...]]:
+        return {"exit_gate": ("exit_gate.*",)}
 
     def diagnostic_names(self) -> set[str]:
         steps = {f"exit_prob_step_{t}" for t in range(1, self.loops + 1)}
@@ -125,6 +145,8 @@ class LoopLM(nn.Module):
             normed = self.head.norm(h)
             logits.append(self.head.out(normed))
             lambdas.append(self.exit_gate(normed))
+            if self.p.loop_input == "normed":
+                h = normed
         if kv_cache is not None:
             kv_cache.length += tokens.shape[1]
         return logits, lambdas

@@ -23,6 +23,9 @@ Readings taken where the paper is silent (seed_001_melt.md, section 1.6), each w
 - Gate variants (Table 3): `elementwise` (Eq. 1), `scalar` (one gate per token: W_z, U_z in R^{d x 1},
   the paper gives no shapes), `mean` (the average of the loop states so far, z = (t-1)/t), `ema`
   (z fixed at `ema_decay`, 0.2), `last` (z = 0: the final loop's state only).
+- What the next loop reads (`loop_input`), inherited from LoopLM (looplm.py): `normed` (default, Ouro's
+  model file, which MELT is converted from) = the previous loop's final-normed state; `residual` = the
+  un-normed residual stream. Either way a converted MELT at alpha = 0 is its teacher exactly.
 
 Chunk-wise training (section 3.3): a sequence is processed in chunks of `chunk_size` tokens, in order;
 within a chunk all tokens run in parallel, attending at loop t to the earlier chunks' final rows and to
@@ -40,11 +43,21 @@ it to the trial's config and final checkpoint and `run_trial` attaches it, `conv
 student starts from the teacher's weights (gates new); the two phases of section 3.3, each switchable:
 - interpolated transition: attention uses alpha * KV_MELT + (1 - alpha) * KV_base (per-loop LoopLM keys
   and values), alpha rising linearly from 0 to 1 over `interpolate_steps` (0 = direct switch);
-- distillation at every loop (aux term `distill`, KL(teacher || student) of each loop's logits, weighted
-  by `train.distill_lambda`) and attention alignment (aux term `attn_align`, mean squared difference of
-  each (layer, loop) attention output from the frozen teacher's, weighted by `train.align_beta` from
-  `train.align_start_step`: the paper's phase 2 with beta 0.1). The KD divergence, temperature (1) and
-  the reduction of the alignment norm (a mean over tokens and features) are not in the paper.
+- distillation at every loop (aux term `distill`: the mean over loops of a divergence between the
+  teacher's and the student's logits of that loop, weighted by `train.distill_lambda`) and attention
+  alignment (aux term `attn_align`, mean squared difference of each (layer, loop) attention output from
+  the frozen teacher's, weighted by `train.align_beta` from `train.align_start_step`: the paper's phase 2
+  with beta 0.1).
+The objectives are the paper's (Table 6; `train.task_loss: unless_distilled`, the default): phase 1 is the
+distillation alone, phase 2 the distillation plus beta times the alignment; the task cross-entropy is no
+part of either, and trains only the ablation that removes the distillation ("reducing training to standard
+SFT"). `train.task_loss: always` adds it to both. The divergence (`train.distill_divergence`): the paper
+says GKD, trained with TRL, so by default the generalised JSD with TRL's beta 0.5 at temperature 1
+(models/distillation.py); forward and reverse KL are the alternatives. The paper's gates learn at 5e-4 and
+everything else at 8e-6: `train.lr_groups: {gates: 5.0e-4, rest: 8.0e-6}` (group `gates`).
+Not done: GKD's on-policy half (the student's own samples scored by the teacher; TRL's lmbda, 0.5 by
+default, unstated in the paper): distillation here is on the task's sequences only (the docs say why).
+The reduction of the alignment norm (a mean over tokens and features) is not in the paper.
 """
 
 from __future__ import annotations
@@ -59,6 +72,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from .core import Block, CoreParams, Embedding, Head, KVUpdate, init_weights, rotary_for
+from .distillation import divergence
 from .kv_cache import KVCache, KVSlot, kv_bytes_per_token
 from .looplm import LoopLM
 from .output import ModelOutput
@@ -98,6 +112,11 @@ class MeltParams(CoreParams):
         "token-serial inference; larger trades fidelity for speed (the paper: 500 of 10K tokens); the sequence "
         "length = fully parallel (a larger value is clipped to it when the study compiles).",
     )
+    loop_input: Literal["normed", "residual"] = Field(
+        "normed",
+        description="What each loop after the first reads, as in looplm: normed (default, Ouro's model file) = "
+        "the previous loop's final-normed state; residual = the un-normed residual stream.",
+    )
     chunk_grad: Literal["through", "detached"] = Field(
         "through", description="Whether gradients flow into earlier chunks through their cached rows."
     )
@@ -128,6 +147,12 @@ class MeltParams(CoreParams):
 
     def aux_terms(self) -> set[str]:
         return {"distill", "attn_align"} if self.teacher is not None else set()
+
+    lr_group_names = ("gates",)
+
+    def param_groups(self) -> dict[str, tuple[str, ...]]:
+        """`gates`: W_z, U_z, b_z of every layer (Table 6 trains them at 5e-4, the rest at 8e-6)."""
+        return {"gates": ("gates.*",)} if self.gate in LEARNED_GATES else {}
 
     def gated_steps(self) -> range:
         """1-based loop steps at which the gate acts (not the first with h0: input)."""
@@ -241,6 +266,7 @@ class Melt(nn.Module):
         init_weights(self, p, self.effective_depth)
         self.alpha = 0.0 if p.interpolate_steps else 1.0  # interpolated transition (set_train_step)
         self._teacher: list[nn.Module] = []  # a plain list: the frozen teacher is no submodule or parameter
+        self.configure({}, {})  # the paper's distillation until the trainer passes the study's train section
 
     # ------------------------------------------------------------------------------ training hooks
 
@@ -254,6 +280,11 @@ class Melt(nn.Module):
         the teacher of the distillation terms."""
         if not isinstance(teacher, LoopLM) or teacher.loops != self.loops:
             raise ValueError(f"a melt student needs a looplm teacher with loops = {self.loops}")
+        if teacher.p.loop_input != self.p.loop_input:
+            raise ValueError(
+                f"the teacher's loop_input is {teacher.p.loop_input!r}, this student's {self.p.loop_input!r}: "
+                "they must read the same state between loops"
+            )
         state = {k: v for k, v in teacher.state_dict().items() if not k.startswith("exit_gate.")}
         missing, unexpected = self.load_state_dict(state, strict=False)
         if unexpected or any(not k.startswith("gates.") for k in missing):
@@ -343,19 +374,28 @@ class Melt(nn.Module):
                 trace.states[step].append(x)
             if per_step is not None:
                 per_step[step + 1].append(x)
+            if self.p.loop_input == "normed" and step < steps - 1:  # the last loop's state goes to the head
+                x = self.head.norm(x)
         if self.p.chunk_grad == "detached":
             for layer in range(len(self.blocks)):
                 cache.slot(layer).detach_()
         return x
 
+    def configure(self, train: dict[str, Any], evaluation: dict[str, Any]) -> None:
+        """Read the distillation's divergence, its beta and temperature (train.distill_*; the trainer calls
+        this once, before training): unset, the paper's reading (study/schema.py DISTILL_DEFAULTS)."""
+        self.distill = {
+            "kind": train.get("distill_divergence") or "jsd",
+            "beta": train.get("distill_jsd_beta") or 0.5,
+            "temperature": train.get("distill_temperature") or 1.0,
+        }
+
     def _distillation(self, teacher: nn.Module, tokens: torch.Tensor, trace: _Trace, steps: int) -> dict:
         teacher_logits, teacher_attn = teacher.trace(tokens, steps)
-        vocab = teacher_logits[0].shape[-1]
-        kd = []
-        for states, target in zip(trace.states, teacher_logits, strict=True):
-            student = F.log_softmax(self.head(torch.cat(states, dim=1)).reshape(-1, vocab), dim=-1)
-            reference = F.log_softmax(target.reshape(-1, vocab), dim=-1)
-            kd.append(F.kl_div(student, reference, log_target=True, reduction="batchmean"))
+        kd = [
+            divergence(self.head(torch.cat(states, dim=1)), target, **self.distill)
+            for states, target in zip(trace.states, teacher_logits, strict=True)
+        ]
         align = [
             F.mse_loss(torch.cat(mine, dim=1), theirs) for mine, theirs in zip(trace.attn, teacher_attn, strict=True)
         ]

@@ -20,7 +20,9 @@ The builder receives the validated params and the task's facts (an object with `
 Several weighted outputs (LoopLM's exits) go in `ModelOutput.exits`: the trainer then minimises the
 expected task loss over them.
 Params models subclass `core.CoreParams` and declare `aux_terms()` (the keys of ModelOutput.aux a
-config returns), which the compiler uses to reject `train.*` weights for terms a config lacks.
+config returns), which the compiler uses to reject `train.*` weights for terms a config lacks, and
+may name groups of parameters (`param_groups()`: name -> parameter-name patterns; `lr_group_names`: every
+name the family can have) that `train.lr_groups` gives learning rates of their own (MELT's `gates`).
 It must build on `torch.device("meta")` (how `plan` counts parameters).
 """
 

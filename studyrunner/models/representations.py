@@ -12,7 +12,10 @@ Metrics, over the probe's token states X_t (N tokens x d, step t = 0..S, 0 = the
   exp of the entropy of the normalised singular values; between 1 and d);
 - `repr_cka_{i}_{j}` (0 <= i < j <= S): linear CKA (Kornblith et al. 2019) between steps, the
   paper's cross-step heatmap (its kernel is unstated: linear here);
-- `repr_cka_adjacent_mean`: the mean of CKA(t-1, t) over t = 1..S (near 1: the steps stagnate).
+- `repr_cka_adjacent_mean`: the mean of CKA(t-1, t) over t = 1..S (near 1: the steps stagnate);
+- `repr_cka_adjacent_late_mean`: the same over the second half of the steps, t = floor(S/2)+1..S
+  (LoopFormer's Fig. 5: the early-exit baselines stagnate, LoopFormer "exhibits progressive drift,
+  especially toward the later steps"; the all-step mean is dominated by the first steps' large changes).
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def representation_names(steps: int) -> set[str]:
     """Every name `representation_diagnostics` can give for a loop of up to `steps` steps."""
     if steps < 1:
         return set()
-    names = {"repr_cka_adjacent_mean"}
+    names = {"repr_cka_adjacent_mean", "repr_cka_adjacent_late_mean"}
     for t in range(steps + 1):
         names.add(f"repr_erank_step_{t}")
         if t:
@@ -110,4 +113,6 @@ def representation_diagnostics(states: list[torch.Tensor]) -> dict[str, float]:
             out[f"repr_cka_{i}_{j}"] = float(cross / denom) if denom > 0 else 0.0
     adjacent = [out[f"repr_cka_{t - 1}_{t}"] for t in range(1, len(states))]
     out["repr_cka_adjacent_mean"] = sum(adjacent) / len(adjacent)
+    late = adjacent[len(adjacent) // 2 :]  # t = floor(S/2)+1 .. S
+    out["repr_cka_adjacent_late_mean"] = sum(late) / len(late)
     return out

@@ -16,11 +16,13 @@ Only "uniform" and "enumerate_all" come from the paper; the others are this plat
 
 Shortcut samplers (the short trajectory of a training step, `shortcut_sampler`): the length S is
 uniform in 1..L-1 (the paper's U{1..L-1}), then the step sizes are drawn by
+- "grid_sequential" (the family's default): the official code's `sample_short_trajectory`: each step
+  in turn uniform over the multiples of 1/L that leave room for the remaining steps, the last step
+  filling to 1. Not uniform over compositions: it favours long first steps (L = 8, S = 4: the first
+  step is 1..5 eighths with probability 1/5 each, so P(5,1,1,1) = 1/5 and P(first >= 4/8) = 2/5);
 - "grid_composition": uniformly over the compositions of L into S parts, so every step is a multiple
-  of 1/L (the notes' reading of the paper's "uniform discrete step schedule");
-- "grid_sequential": the official code's `sample_short_trajectory`: each step in turn uniform over the
-  multiples of 1/L that leave room for the remaining steps, the last step filling to 1 (not uniform
-  over compositions: it favours long first steps);
+  of 1/L (the notes' reading of the paper's "uniform discrete step schedule"; P(5,1,1,1) = 1/35,
+  P(first >= 4/8) = 4/35 at L = 8, S = 4);
 - "dirichlet": continuous, Dirichlet(1, ..., 1), i.e. uniform on the simplex (off the grid).
 All draws use torch's global CPU generator, which trial checkpoints capture and restore.
 """
@@ -36,7 +38,7 @@ import torch
 
 NAMED = ("uniform", "front_loaded", "back_loaded")
 ENUMERATE_ALL = "enumerate_all"
-SAMPLERS = ("grid_composition", "grid_sequential", "dirichlet")
+SAMPLERS = ("grid_sequential", "grid_composition", "dirichlet")  # the first is loopformer's default
 SUM_TOLERANCE = 1e-6
 
 
@@ -151,7 +153,13 @@ def sample_shortcut(sampler: str, grid: int, max_steps: int) -> list[float]:
     1/grid lattice (or the simplex, for "dirichlet"). Sums to 1 (exactly, on the grid)."""
     if max_steps < 1 or max_steps > grid:
         raise ValueError(f"a shortcut needs 1 <= max_steps <= grid, got {max_steps} and {grid}")
-    s = _randint(1, max_steps)
+    return sample_steps(sampler, grid, _randint(1, max_steps))
+
+
+def sample_steps(sampler: str, grid: int, s: int) -> list[float]:
+    """The step sizes of an S-step short trajectory drawn by `sampler` (its length already drawn)."""
+    if not 1 <= s <= grid:
+        raise ValueError(f"a shortcut of {s} steps does not fit the 1/{grid} grid")
     if sampler == "grid_composition":  # uniform over the C(grid-1, s-1) compositions: random cut points
         cuts = sorted(torch.randperm(grid - 1)[: s - 1].add(1).tolist())
         bounds = [0, *cuts, grid]

@@ -77,6 +77,12 @@ class UTActParams(CoreParams):
     def grad_norm_groups(self) -> set[str]:
         return {"router"} if self.act else set()
 
+    lr_group_names = ("router", "memory")
+
+    def param_groups(self) -> dict[str, tuple[str, ...]]:
+        groups = {"router": ("router.*",)} if self.act else {}
+        return groups | ({"memory": ("memory.*",)} if self.memory_slots else {})
+
     def diagnostic_names(self) -> set[str]:
         names: set[str] = set(AttentionMass.NAMES) if self.memory_slots else set()
         if self.act:

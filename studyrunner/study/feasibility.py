@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..models import build_model, get_family
 from ..tasks import build_task
-from ..train.evaluation import depth_metric_names
+from ..train.evaluation import depth_metric_names, teacher_metric_names
 from ..train.metrics import TRAINER_METRICS
 from .canonical import canonical_json
 from .claims_check import check_claims
@@ -71,6 +71,8 @@ def check_feasible(compiled: CompiledStudy) -> None:
         reported |= depth_metric_names(cell.config["eval"], task_metrics, headline, grid)
         if family_params.supports_decoding():  # a task that decodes, on a family with a KV cache
             reported |= task.decode_metric_names()
+        if cell.config["model"]["params"].get("teacher") is not None:  # a conversion scores its teacher too
+            reported |= teacher_metric_names(task)
 
     probed: set[str] = set()
 

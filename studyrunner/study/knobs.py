@@ -29,6 +29,8 @@ def knob_problem(family: FamilyEntry, resolved: dict[str, Any]) -> tuple[tuple, 
                     f"weights the {term!r} term, which model family {family.name!r} does not produce "
                     f"with these params{how}",
                 )
+    if problem := _lr_groups_problem(family, params, resolved["train"]):
+        return problem
     if resolved["train"].get("engine") == "deepspeed" and (problem := _deepspeed_problem(family, params, resolved)):
         return problem
     if resolved["train"].get("deepspeed") is not None and resolved["train"].get("engine") != "deepspeed":
@@ -60,6 +62,27 @@ def knob_problem(family: FamilyEntry, resolved: dict[str, Any]) -> tuple[tuple, 
                 ("eval", "halt_collapse_fraction"),
                 f"model family {family.name!r} does not halt with these params, so nothing can collapse",
             )
+    return None
+
+
+def _lr_groups_problem(family: FamilyEntry, params: Any, train: dict[str, Any]) -> tuple[tuple, str] | None:
+    """train.lr_groups naming a group the config does not have, or on an engine that keeps one rate."""
+    groups = train.get("lr_groups")
+    if not groups:
+        return None
+    known = [*type(params).lr_group_names, "rest"]
+    unknown = [g for g in groups if g not in known]
+    if unknown:
+        return ("train", "lr_groups"), (
+            f"names group {unknown[0]!r}, which model family {family.name!r} does not have; its groups: "
+            f"{', '.join(known)} (rest = every other parameter)"
+        )
+    for knob in ("vectorize_seeds", "engine"):
+        if train.get(knob) and not (knob == "engine" and train[knob] == "plain"):
+            return (
+                "train",
+                "lr_groups",
+            ), f"cannot be combined with train.{knob}: {train[knob]} (one rate per model there)"
     return None
 
 

@@ -54,6 +54,11 @@ _AUX_WEIGHT_KNOBS = frozenset(
     {"ponder_lambda", "ponder_lambda_warmup_steps", "regulariser_lambda", "shortcut_lambda", "consistency_lambda"}
 )
 _EXIT_AND_DISTILL_KNOBS = frozenset({"exit_entropy_beta", "distill_lambda", "align_beta", "align_start_step"})
+# How the distillation is computed and whether the task loss is kept beside it (seed 001, section 3.3): unset
+# means the paper's reading, and is written into the resolved config of every cell that distils (so their
+# hashes say which objective trained them), left out of every other cell's.
+DISTILL_DEFAULTS = {"task_loss": "unless_distilled", "distill_divergence": "jsd", "distill_temperature": 1.0}
+JSD_BETA_DEFAULT = 0.5  # TRL's GKDConfig.beta, the library the paper used
 # A trajectory schedule (models/trajectories.py): a name, {geometric: RATIO} or a list of step sizes.
 Schedule = str | list[float] | dict[str, float]
 
@@ -68,6 +73,7 @@ def _schedule(evaluation: bool):
 
 
 _RUNTIME_KNOBS = frozenset({"device", "precision", "compile"})
+_OBJECTIVE_KNOBS = frozenset({*DISTILL_DEFAULTS, "distill_jsd_beta", "lr_groups"})
 _ENGINE_KNOBS = frozenset({"engine", "deepspeed"})
 _STAGE_KNOBS = {  # DeepSpeed knobs that mean something at some ZeRO stages only
     "allgather_bucket_size": (1, 2),
@@ -190,6 +196,43 @@ class TrainSection(Strict):
     align_start_step: int | None = Field(
         None, ge=0, description="align_beta applies from this step on (the end of phase 1); unset = 0."
     )
+    task_loss: Literal["unless_distilled", "always"] | None = Field(
+        None,
+        description="Whether the task loss (cross-entropy) is part of the objective beside the distillation: "
+        "unless_distilled (unset; the paper's reading of MELT's section 3.3 and Table 6) drops it wherever the "
+        "distillation has weight (train.distill_lambda > 0), so phase 1 is L_KD and phase 2 L_KD + beta * "
+        "alignment, and the cross-entropy trains only the ablation without distillation (Table 4's '- GKD', "
+        "standard SFT); always adds it to every objective. Only with train.distill_lambda.",
+    )
+    distill_divergence: Literal["forward_kl", "reverse_kl", "jsd"] | None = Field(
+        None,
+        description="The distillation divergence per token, summed over the vocabulary and averaged over tokens "
+        "and loops: jsd (unset; the generalised Jensen-Shannon divergence of GKD, Agarwal et al. 2024, which the "
+        "paper names: beta KL(teacher || M) + (1 - beta) KL(student || M), M = beta teacher + (1 - beta) student, "
+        "with train.distill_jsd_beta), forward_kl = KL(teacher || student), reverse_kl = KL(student || teacher). "
+        "Only with train.distill_lambda.",
+    )
+    distill_jsd_beta: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="beta of the generalised JSD (distill_divergence: jsd); unset = 0.5 (TRL's GKD default, the "
+        "library the paper used). It tends to forward KL as beta -> 0 and reverse KL as beta -> 1 (up to scale).",
+    )
+    distill_temperature: float | None = Field(
+        None,
+        gt=0,
+        le=100,
+        description="Both distributions of the distillation are softmax(logits / temperature); unset = 1 (the paper "
+        "gives none; TRL's GKD loss at its default). The divergence is not rescaled by temperature^2.",
+    )
+    lr_groups: dict[str, float] | None = Field(
+        None,
+        description="Peak learning rates of named parameter groups, e.g. {gates: 5.0e-4, rest: 8.0e-6} (MELT's "
+        "Table 6). Each family names its groups (melt: gates; looplm: exit_gate; loopformer: conditioning; ut_act, "
+        "adaptive_layers: router, memory; looped: memory); rest is every other parameter (unset: train.lr). The "
+        "schedule (warmup, cosine to min_lr_ratio) scales every group alike. Unset: one rate, train.lr.",
+    )
     checkpoint_every: int | None = Field(
         None,
         ge=1,
@@ -232,8 +275,56 @@ class TrainSection(Strict):
 
     @model_serializer(mode="wrap")
     def _omit_unset_knobs(self, handler: SerializerFunctionWrapHandler) -> Any:
-        omitted = _AUX_WEIGHT_KNOBS | _EXIT_AND_DISTILL_KNOBS | _RUNTIME_KNOBS | _ENGINE_KNOBS
-        return _omit_unset(handler(self), omitted | {"checkpoint_every", "vectorize_seeds", "trajectory"})
+        omitted = _AUX_WEIGHT_KNOBS | _EXIT_AND_DISTILL_KNOBS | _RUNTIME_KNOBS | _ENGINE_KNOBS | _OBJECTIVE_KNOBS
+        data = _omit_unset(handler(self), omitted | {"checkpoint_every", "vectorize_seeds", "trajectory"})
+        if isinstance(data, dict) and self.distill_lambda:
+            data.update({k: v for k, v in self.distill_settings().items() if data.get(k) is None})
+        return data
+
+    def distill_settings(self) -> dict[str, Any]:
+        """The distillation's knobs with the paper's reading where unset (what a distilling cell resolves to)."""
+        settings = {k: getattr(self, k) if getattr(self, k) is not None else v for k, v in DISTILL_DEFAULTS.items()}
+        if settings["distill_divergence"] == "jsd":
+            settings["distill_jsd_beta"] = (
+                self.distill_jsd_beta if self.distill_jsd_beta is not None else JSD_BETA_DEFAULT
+            )
+        return settings
+
+    @model_validator(mode="after")
+    def _distill_knobs_need_distillation(self) -> TrainSection:
+        """A distillation knob without distillation (or a JSD beta with another divergence) is refused, except
+        at its default, which resolves to unset: a cell that turns the distillation off (a grid over
+        distill_lambda, an include) inherits the resolved defaults of the study's base."""
+        defaults = {**DISTILL_DEFAULTS, "distill_jsd_beta": JSD_BETA_DEFAULT}
+        idle = {knob: not self.distill_lambda for knob in DISTILL_DEFAULTS}
+        idle["distill_jsd_beta"] = not self.distill_lambda or (self.distill_divergence or "jsd") != "jsd"
+        for knob, unused in idle.items():
+            value = getattr(self, knob)
+            if value is None or not unused:
+                continue
+            if value != defaults[knob]:
+                if self.distill_lambda:
+                    raise ValueError(
+                        f"{knob} has no effect with distill_divergence {self.distill_divergence!r} (only jsd)"
+                    )
+                raise ValueError(
+                    f"{knob} is set but nothing is distilled (train.distill_lambda is unset or 0); it only acts on a "
+                    "melt cell with a teacher and train.distill_lambda > 0"
+                )
+            setattr(self, knob, None)
+        return self
+
+    @field_validator("lr_groups")
+    @classmethod
+    def _lr_groups_positive(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("lists no group; name at least one (e.g. {gates: 5.0e-4}) or leave it unset")
+        for name, lr in v.items():
+            if not isinstance(lr, float | int) or isinstance(lr, bool) or not 0 < lr <= 1:
+                raise ValueError(f"group {name!r}: a learning rate is a number in (0, 1], got {lr!r}")
+        return {name: float(lr) for name, lr in v.items()}
 
     @model_validator(mode="after")
     def _engine_settings(self) -> TrainSection:

@@ -25,9 +25,10 @@ import torch
 from ..models.output import AUX_TERMS, ModelOutput
 from ..tasks import Batch, Task
 from .checkpoint import CheckpointMismatch, Checkpoints, capture_rng, restore_rng
+from .optim import set_lr
 from .outcomes import Diverged
 from .progress import Progress
-from .schedules import aux_weights
+from .schedules import aux_weights, counts_task_loss
 from .setup import TrialSetup
 
 # ------------------------------------------------------------------------------------- the plain loop
@@ -66,20 +67,17 @@ def train_step(trial: TrialSetup, progress: Progress) -> tuple[float, int]:
     started = time.perf_counter()
     step, model, optimizer = progress.step, trial.model, trial.optimizer
     lr = trial.lr(step)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+    set_lr(optimizer, lr)
     batch = trial.batch(step)
     if hasattr(model, "set_train_step"):  # step-dependent model state (MELT's interpolation alpha)
         model.set_train_step(step)
     trial.runtime.step_begin()
     with trial.runtime.autocast():
         result = trial.step_model(batch.inputs)
-        loss = task_loss(trial.task, result, batch)
         for name, logits in result.aux_logits.items():  # extra predictions, scored like the main one
             result.aux[name] = trial.task.loss(logits, batch)
         weights = aux_weights(step, trial.train, result.aux)
-        for name, term in result.aux.items():
-            loss = loss + weights[name] * term
+        loss = objective(trial.task, result, batch, trial.train, weights)
         if trial.nan_at == step + 1:
             loss = loss * float("nan")
     optimizer.zero_grad(set_to_none=True)
@@ -96,6 +94,19 @@ def train_step(trial: TrialSetup, progress: Progress) -> tuple[float, int]:
     progress.window.add(loss_value, elapsed, result.aux, grad_norms, weights)
     progress.add_step(elapsed, tokens)
     return lr, tokens
+
+
+def objective(
+    task: Task, result: ModelOutput, batch: Batch, train: dict[str, Any], weights: dict[str, float]
+) -> torch.Tensor:
+    """The loss a step minimises: the task loss (unless `schedules.counts_task_loss` drops it), plus every aux
+    term at its weight."""
+    loss = task_loss(task, result, batch) if counts_task_loss(train, weights) else None
+    for name, term in result.aux.items():
+        loss = weights[name] * term if loss is None else loss + weights[name] * term
+    if loss is None:
+        raise ValueError("the objective is empty: no task loss and no auxiliary term")
+    return loss
 
 
 def task_loss(task: Task, result: ModelOutput, batch: Batch) -> torch.Tensor:

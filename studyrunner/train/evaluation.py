@@ -23,7 +23,8 @@ from .decoding import decodes, decoding_eval, has_kv_cache, kv_footprint
 
 EVAL_CHUNK = 256  # examples per eval forward: bounds memory for long sequences
 PROBE_EXAMPLES = 64  # the probe batch of the representation diagnostics
-SCHEDULE_SUMMARIES = ("min", "max", "spread", "front_rho")
+SCHEDULE_SUMMARIES = ("min", "max", "spread", "front_rho", "best_front", "top_front")
+TOP_SHARE = 0.2  # `_top_front`: the best fifth of the trajectories (7 of 35 at L = 8, M = 4)
 
 
 @torch.no_grad()
@@ -125,8 +126,12 @@ def evaluate_schedules(
 ) -> dict[str, float]:
     """Every M-step trajectory on the model's 1/L grid (LoopFormer §4.4): each one's headline metrics as
     `{name}{suffix}_steps_{units}` (step sizes in grid units, e.g. _steps_4_2_1_1), and across them
-    `_min`, `_max`, `_spread` (max - min) and `_front_rho`: the Spearman correlation of the metric with
-    how front-loaded the trajectory is (`trajectories.front_loading`; omitted when either is constant)."""
+    `_min`, `_max`, `_spread` (max - min), `_front_rho`: the Spearman correlation of the metric with how
+    front-loaded the trajectory is (`trajectories.front_loading`; omitted when either is constant), and the
+    paper's own statement ("the best schedules are front-loaded"): `_best_front`, the front-loading of the
+    best trajectory (the mean over those tied for best), and `_top_front`, the mean front-loading of the best
+    fifth (above 0.5, the uniform trajectory's: the best are front-loaded). Best: the lowest loss, the
+    highest accuracy or exact match."""
     grid = model.trajectory_grid
     headline = ["eval_loss", *(f"eval_{kind}" for kind in task.metric_kinds)]
     trajectories = grid_trajectories(grid, m)
@@ -144,7 +149,21 @@ def evaluate_schedules(
         rho = spearman(fronts, series)
         if rho is not None:
             record[f"{name}{suffix}_front_rho"] = rho
+        best, top = best_fronts(fronts, series, lower_is_better=name == "eval_loss")
+        record[f"{name}{suffix}_best_front"], record[f"{name}{suffix}_top_front"] = best, top
     return record
+
+
+def best_fronts(fronts: list[float], series: list[float], *, lower_is_better: bool) -> tuple[float, float]:
+    """Front-loading of the best trajectory (mean over ties) and mean front-loading of the best TOP_SHARE
+    (at least one; every trajectory tied with the last one taken counts)."""
+    sign = 1.0 if lower_is_better else -1.0
+    scores = [sign * v for v in series]
+    best = min(scores)
+    tied = [f for f, s in zip(fronts, scores, strict=True) if s == best]
+    cutoff = sorted(scores)[max(1, round(TOP_SHARE * len(scores))) - 1]
+    top = [f for f, s in zip(fronts, scores, strict=True) if s <= cutoff]
+    return sum(tied) / len(tied), sum(top) / len(top)
 
 
 def _ranks(values: list[float]) -> list[float]:
@@ -170,6 +189,29 @@ def spearman(x: list[float], y: list[float]) -> float | None:
     if sxx == 0 or syy == 0:
         return None
     return sxy / math.sqrt(sxx * syy)
+
+
+TEACHER_PREFIX = "teacher_"
+UNREPRODUCIBLE = ("eval_peak_memory_bytes", "decode_tokens_per_sec")  # of the machine, not the model
+
+
+def teacher_metric_names(task: Task) -> set[str]:
+    """What `teacher_scores` reports for this task (what `validate` checks claims against)."""
+    names = task.reported_metrics() | (task.decode_metric_names() - set(UNREPRODUCIBLE))
+    return {TEACHER_PREFIX + name for name in names}
+
+
+def teacher_scores(teacher: torch.nn.Module, task: Task, splits: dict[str, Batch]) -> dict[str, float]:
+    """A conversion's teacher scored once on the trial's own eval sets (it is frozen): `teacher_eval_*`, and
+    where the task decodes, its decoding and KV-cache metrics (`teacher_eval_decode_bpc`,
+    `teacher_kv_cache_bytes_per_token`), so a claim can compare each student with its teacher trial by
+    trial. Wall-clock and peak memory are left out; no random stream is drawn from."""
+    with torch.random.fork_rng(devices=[]):
+        record = evaluate(teacher, task, splits, representations=False)
+        if decodes(teacher, task):
+            record.update(decoding_eval(teacher, task, splits))
+    wanted = teacher_metric_names(task)
+    return {TEACHER_PREFIX + k: v for k, v in record.items() if TEACHER_PREFIX + k in wanted}
 
 
 def evaluate_and_record(

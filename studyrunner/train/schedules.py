@@ -41,6 +41,13 @@ def align_weight(step: int, train: dict[str, Any]) -> float:
     return float(train.get("align_beta") or 0.0)
 
 
+def counts_task_loss(train: dict[str, Any], weights: dict[str, float]) -> bool:
+    """Whether the task loss is part of this step's objective: always, except where the distillation has
+    weight and `train.task_loss` is unless_distilled (unset): MELT's phase objectives (seed 001, section
+    3.3, Table 6) are L_KD and L_KD + beta * alignment, with no cross-entropy."""
+    return (train.get("task_loss") or "unless_distilled") == "always" or not weights.get("distill")
+
+
 def aux_weights(step: int, train: dict[str, Any], terms) -> dict[str, float]:
     """Weight of each of `terms` at 0-based `step`; an unknown term is a family bug, not a silent 0."""
     schedules = {

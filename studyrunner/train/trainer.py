@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ..models import build_model, count_params
+from ..models import build_model, count_params, get_family
 from ..tasks import build_task
 from .checkpoint import (
     Checkpoints,
@@ -47,7 +47,7 @@ from .checkpoint import (
 from .device import Runtime
 from .engine import PlainEngine, train_step
 from .engine import capture_state as _capture  # noqa: F401 - benchmarks/utilisation.py times it
-from .evaluation import EVAL_CHUNK, evaluate, evaluate_and_record
+from .evaluation import EVAL_CHUNK, evaluate, evaluate_and_record, teacher_scores
 from .optim import make_optimizer
 from .outcomes import Diverged
 from .progress import Progress
@@ -178,27 +178,45 @@ def build_trial(
     torch.manual_seed(seed)
     task = build_task(config["task"]["name"], config["task"]["params"], seed)
     model = build_model(config["model"]["family"], config["model"]["params"], task.facts).to(runtime.device)
+    teacher_model = None
     if config["model"]["params"].get("teacher") is not None:
         if teacher is None:
             raise ValueError(
                 f"model.params.teacher {config['model']['params']['teacher']!r} was not resolved to a checkpoint; "
                 "submit the study through studyrunner, or pass run_trial(teacher=...)"
             )
-        model.convert_from(load_teacher(teacher, task.facts, runtime.device))
+        teacher_model = load_teacher(teacher, task.facts, runtime.device)
+        model.convert_from(teacher_model)
     if hasattr(model, "configure"):  # a family that reads train/eval knobs of its own (train.trajectory)
         model.configure(train, ev)
-    optimizer = make_optimizer(model, train["lr"], train["weight_decay"], tuple(train["betas"]), fused=runtime.on_cuda)
+    optimizer = make_optimizer(
+        model,
+        train["lr"],
+        train["weight_decay"],
+        tuple(train["betas"]),
+        fused=runtime.on_cuda,
+        lr_groups=train.get("lr_groups"),
+        param_groups=family_params(config["model"]).param_groups(),
+    )
     splits = {name: runtime.to_device(batch) for name, batch in task.eval_sets(ev["examples"]).items()}
     static = {
         "params": float(count_params(model)),
         "effective_depth": float(model.effective_depth),
         "weights_bytes": float(weights_bytes(model)),
     }
+    if teacher_model is not None:  # scored once: the student's claims can name its teacher's numbers
+        with runtime.autocast():
+            static.update(teacher_scores(teacher_model, task, splits))
     grad_groups = model.grad_norm_groups() if hasattr(model, "grad_norm_groups") else {}
     step_model = runtime.compiled(model)
     trial = TrialSetup(train, ev, task, model, optimizer, splits, static, grad_groups, runtime, step_model)
     trial.engine = make_engine(trial)  # last: DeepSpeed takes over the model and optimizer built above
     return trial
+
+
+def family_params(model: dict[str, Any]):
+    """The validated params of a resolved config's `model` section (what the family declares about it)."""
+    return get_family(model["family"]).params_model.model_validate(model["params"])
 
 
 def make_engine(trial: TrialSetup) -> Engine:

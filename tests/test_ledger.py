@@ -346,7 +346,7 @@ def empty_url(request, tmp_path):
 
     engine = create_engine(url)
     with engine.begin() as conn:
-        tables = ("search_points", "trial_metrics", "cell_params", "attempts", "submissions", "trials", "cells")
+        tables = ("look_claims", "looks", "search_points", "trial_metrics", "cell_params", "attempts", "submissions", "trials", "cells")
         for table in (*tables, "studies"):
             conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
         conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
@@ -361,18 +361,18 @@ def test_an_older_ledger_is_refused_until_db_upgrade_which_keeps_its_rows(empty_
 
     _first_release_ledger(empty_url)
     for create in (True, False):  # submit and status alike say what to run
-        with pytest.raises(StudyrunnerError, match=r"revision 0001, this studyrunner needs 0004.*db upgrade"):
+        with pytest.raises(StudyrunnerError, match=r"revision 0001, this studyrunner needs 0006.*db upgrade"):
             Ledger(empty_url, create=create)
     runner = CliRunner()
     assert "revision 0001" in runner.invoke(app, ["db", "current", "--db", empty_url]).output
     result = runner.invoke(app, ["db", "upgrade", "--db", empty_url])
-    assert result.exit_code == 0 and "upgraded from 0001 to revision 0004" in result.output
+    assert result.exit_code == 0 and "upgraded from 0001 to revision 0006" in result.output
     ledger = Ledger(empty_url)
     (row,) = ledger.trials("old")
     assert row.status == "succeeded" and row.metrics == {"eval_accuracy": 0.5}
     ledger.register(compile_study(loads(TINY_STUDY.replace("seeds: [0, 1]", "baselines: [iso_flop]\nseeds: [0]"))))
     assert any(c.baseline_of for c in ledger.cells("tiny"))
-    assert "already at revision 0004" in runner.invoke(app, ["db", "upgrade", "--db", empty_url]).output
+    assert "already at revision 0006" in runner.invoke(app, ["db", "upgrade", "--db", empty_url]).output
 
 
 def test_migrating_from_nothing_gives_exactly_the_declared_tables(empty_url):

@@ -32,6 +32,8 @@ from .db import (
     STATUSES,
     AttemptRow,
     CellRow,
+    LookClaimRow,
+    LookRow,
     SearchPointRow,
     StudyRow,
     SubmissionRow,
@@ -66,6 +68,11 @@ def _aware(moment: datetime | None) -> datetime:
 def _json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
     """NaN and infinities as null: a diverged trial's loss is NaN, which JSON (and PostgreSQL) refuse."""
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+
+
+def _finite_or_none(row: dict[str, Any]) -> dict[str, Any]:
+    """NaN and infinities as NULL (SQLite stores NaN as NULL anyway; PostgreSQL would keep them)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
 
 
 def _pid_alive(pid: int) -> bool:
@@ -573,6 +580,44 @@ class Ledger:
         q = select(SearchPointRow).where(SearchPointRow.study == study)
         with self.session() as s:
             return list(s.scalars(q.order_by(SearchPointRow.search, SearchPointRow.number)))
+
+    # --- sequential studies (`seeds: {start, max}`, orchestrate/waves.py) ----------------------------
+
+    def record_look(
+        self, study: str, look: dict[str, Any], claims: list[dict[str, Any]], trials: list[tuple[str, str, int]]
+    ) -> None:
+        """A look of a sequential study, its claims, and the trials (key, cell_hash, seed) of the wave it adds, in
+        one transaction: after a crash the ledger holds the look and its wave, or neither. Raises StudyrunnerError
+        when the look is already recorded (another process took it)."""
+        try:
+            with self.session() as s, s.begin():
+                s.add(LookRow(study=study, **look))
+                s.flush()
+                for row in claims:
+                    s.add(LookClaimRow(study=study, look=look["number"], **_finite_or_none(row)))
+                for key, cell_hash, seed in trials:
+                    s.add(TrialRow(trial_key=key, study=study, cell_hash=cell_hash, seed=seed))
+        except IntegrityError:
+            raise StudyrunnerError(
+                f"look {look['number']} of study {study!r} was recorded by another process meanwhile; submit again "
+                "to continue from it"
+            ) from None
+
+    def looks(self, study: str) -> list[tuple[LookRow, list[LookClaimRow]]]:
+        """The study's looks in order, each with its claims in the study file's order."""
+        with self.session() as s:
+            looks = list(s.scalars(select(LookRow).where(LookRow.study == study).order_by(LookRow.number)))
+            claims = list(
+                s.scalars(
+                    select(LookClaimRow)
+                    .where(LookClaimRow.study == study)
+                    .order_by(LookClaimRow.look, LookClaimRow.claim)
+                )
+            )
+        by_look: dict[int, list[LookClaimRow]] = {}
+        for row in claims:
+            by_look.setdefault(row.look, []).append(row)
+        return [(look, by_look.get(look.number, [])) for look in looks]
 
     # --- reads -----------------------------------------------------------------------------------
 

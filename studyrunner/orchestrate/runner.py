@@ -145,6 +145,8 @@ def submit(
     ledger, tracker = _open_stores(workspace)
     if compiled.study.search is not None:
         return _submit_search(compiled, workspace, ledger, tracker, "submit", options, console)
+    if compiled.study.sequential is not None:
+        return _submit_waves(compiled, workspace, ledger, tracker, "submit", options, console)
     _refuse_changed_meaning(ledger, compiled)
     resolve_teachers(compiled, ledger, workspace)  # a missing or unfinished teacher fails before any write
     reg = ledger.register(compiled)
@@ -165,6 +167,8 @@ def resume(
     compiled = stored_study(ledger, study)
     if compiled.study.search is not None:  # continuing a search is submitting it again
         return _submit_search(compiled, workspace, ledger, tracker, "resume", options, console)
+    if compiled.study.sequential is not None:  # ... and a sequential study's waves
+        return _submit_waves(compiled, workspace, ledger, tracker, "resume", options, console)
     reg = ledger.register(compiled)
     result = SubmitResult(study, len(compiled.trials), skipped=reg.skipped)
     stale = sorted(ledger.stale_keys(study, options.stale_after))
@@ -224,6 +228,10 @@ def stored_study(ledger: Ledger, name: str) -> CompiledStudy:
         from .search import with_search_cells
 
         compiled = with_search_cells(compiled, ledger)
+    if compiled.study.sequential is not None:  # its cells' seeds: those of the waves registered so far
+        from .waves import with_registered_seeds
+
+        compiled = with_registered_seeds(compiled, ledger)
     return compiled
 
 
@@ -248,10 +256,38 @@ def _submit_search(compiled, workspace, ledger, tracker, command, options, conso
         _say_plan(console, compiled, reg.skipped, held, workspace)
     stale = sorted(ledger.stale_keys(compiled.study.name, options.stale_after))
     result = _run(
-        compiled, workspace, ledger, tracker, reg.to_run + stale, command, result, options, console, search=search
+        compiled, workspace, ledger, tracker, reg.to_run + stale, command, result, options, console, feed=search
     )
     result.trials = len(search.compiled.trials)
     for line in search.summary():
+        console.print(line, markup=False, highlight=False)
+    return result
+
+
+def _submit_waves(compiled, workspace, ledger, tracker, command, options, console) -> SubmitResult:
+    """A sequential study (orchestrate/waves.py): run the registered trials not yet finished, then a wave after
+    each look until every claim is decided or at `max`."""
+    from .waves import Waves
+
+    reap_dead(ledger, compiled.study.name)
+    say = lambda line: console.print(Text.assemble(("sequential: ", "cyan"), line), highlight=False)  # noqa: E731
+    waves = Waves(compiled, ledger, say)
+    waves.check_alone(options.stale_after)
+    waves.check_design()
+    _refuse_changed_meaning(ledger, waves.compiled)
+    resolve_teachers(waves.compiled, ledger, workspace)
+    reg = ledger.register(waves.compiled)
+    compiled = waves.compiled
+    held = [r.trial_key for r in ledger.trials_by_key(reg.held) if r.status in ("failed", "diverged")]
+    result = SubmitResult(compiled.study.name, len(compiled.trials), skipped=reg.skipped, held=held)
+    console.print(f"[bold]{escape(compiled.study.name)}[/]: {escape(waves.plan())}")
+    _say_plan(console, compiled, reg.skipped, held, workspace)
+    stale = sorted(ledger.stale_keys(compiled.study.name, options.stale_after))
+    result = _run(
+        compiled, workspace, ledger, tracker, reg.to_run + stale, command, result, options, console, feed=waves
+    )
+    result.trials = len(waves.compiled.trials)
+    for line in waves.summary():
         console.print(line, markup=False, highlight=False)
     return result
 
@@ -274,8 +310,9 @@ def _refuse_changed_meaning(ledger: Ledger, compiled: CompiledStudy) -> None:
 def _say_plan(console: Console, compiled: CompiledStudy, skipped: list[str], held: list[str], workspace) -> None:
     study = compiled.study
     again = escape(workspace.hint("rerun", study.name, "--failed", "--diverged"))
+    seeds = f"{len(study.seeds)} seeds" if study.sequential is None else "seeds so far"
     console.print(
-        f"[bold]{escape(study.name)}[/]: {len(compiled.cells)} cells x {len(study.seeds)} seeds = "
+        f"[bold]{escape(study.name)}[/]: {len(compiled.cells)} cells x {seeds} = "
         f"{len(compiled.trials)} trials; {len(skipped)} already succeeded (skipped)"
         + (f", {len(held)} failed or diverged (rerun with: {again})" if held else "")
     )
@@ -293,11 +330,11 @@ def _run(
     console: Console,
     statuses: tuple[str, ...] = SUBMIT_RUNS,
     fresh: bool = False,
-    search=None,
+    feed=None,
 ) -> SubmitResult:
     """Claim the candidates this process may run (`fresh`: then discard their checkpoints), run them on Ray
     Tune, release what did not finish, and mend what MLflow lacks of the study's finished trials. With a
-    `search` (orchestrate/search.py), Tune also runs the seeds of the configurations it suggests."""
+    `feed` (feed.py: a search's suggestions, a sequential study's waves), Tune also runs the trials it brings."""
     options = options or RunOptions()
     study = compiled.study
     teachers = resolve_teachers(compiled, ledger, workspace)
@@ -311,12 +348,11 @@ def _run(
     to_run = [t for t in compiled.trials if t.trial_key in claimed]
     if result.busy:
         console.print(f"{len(result.busy)} trials are being run by another submit of {escape(study.name)}; left to it")
-    console.print(
-        f"{len(to_run)} to run" + (", then new suggestions" if search is not None and search.can_ask() else "")
-    )
-    if search is not None:  # a suggestion's trials are leased as they come
-        search.lease = lambda keys: set(ledger.claim(study.name, keys, submission.id, statuses, options.stale_after))
-    if not to_run and (search is None or not search.can_ask()):
+    more = ", then new suggestions" if study.search is not None else ", then a wave after each look"
+    console.print(f"{len(to_run)} to run" + (more if feed is not None and feed.can_ask() else ""))
+    if feed is not None:  # the trials it brings are leased as they come
+        feed.lease = lambda keys: set(ledger.claim(study.name, keys, submission.id, statuses, options.stale_after))
+    if not to_run and (feed is None or not feed.can_ask()):
         submission.close()
         _mend_tracking(ledger, tracker, workspace, study.name, console)
         return result
@@ -342,7 +378,11 @@ def _run(
                 known_runs=by_tag,
                 sync_hint=workspace.hint("sync-mlflow", study.name),
             )
-            _fit(study, to_run, recorder, workspace, options, submission.cancelled, console, search, teachers)
+            if hasattr(feed, "on_look"):  # a sequential study's looks, on its study-level MLflow run
+                from .waves import log_looks
+
+                feed.on_look = lambda looks: log_looks(tracker, experiment_id, study.name, looks, recorder.mlflow.call)
+            _fit(study, to_run, recorder, workspace, options, submission.cancelled, console, feed, teachers)
             result.wall_time_s = time.perf_counter() - started
     finally:
         with interrupts_deferred():  # a second Ctrl-C must not leave trials `running`
@@ -361,7 +401,7 @@ def _run(
         )
     else:
         _mend_tracking(ledger, tracker, workspace, study.name, console)
-    ran = to_run + (search.admitted if search is not None else [])
+    ran = to_run + (feed.admitted if feed is not None else [])
     for row in ledger.trials(study.name, [t.trial_key for t in ran]):
         bucket = {
             "succeeded": result.succeeded,
@@ -508,11 +548,11 @@ def _fit(
     options: RunOptions,
     cancel,
     console,
-    search=None,
+    feed=None,
     teachers=None,
 ) -> None:
-    """One Tune run over `to_run`: a trial per trial_key, recorded on the driver by `recorder`; with a `search`,
-    then the trials of its suggestions. `teachers`: conversions' teacher checkpoints (teachers.py)."""
+    """One Tune run over `to_run`: a trial per trial_key, recorded on the driver by `recorder`; with a `feed`
+    (feed.py), then the trials it brings. `teachers`: conversions' teacher checkpoints (teachers.py)."""
     from ray import tune
 
     from .trainable import trainable
@@ -525,7 +565,7 @@ def _fit(
         resources = lambda config: tune.PlacementGroupFactory([trial_resources(study.resources, config["trial"])])  # noqa: E731
     else:
         resources = trial_resources(study.resources)
-    if search is None:
+    if feed is None:
         trials = {"param_space": {"trial": tune.grid_search(_payloads(study, to_run, workspace, teachers))}}
     else:
 
@@ -534,10 +574,11 @@ def _fit(
             progress.admit({t.trial_key: t.config["train"]["steps"] for t in trials})
 
         payloads = lambda trials: _payloads(study, trials, workspace, teachers)  # noqa: E731
-        trials = {"search_alg": search.searcher(to_run, payloads=payloads, admit=admit), "num_samples": -1}
+        feed.slots = trials_at_once(study.resources)
+        trials = {"search_alg": feed.searcher(to_run, payloads=payloads, admit=admit), "num_samples": -1}
         # Tune starts one trial of a searcher's at a time unless told how many may run: a configuration's seeds
         # would run one after another.
-        trials["max_concurrent_trials"] = options.max_concurrent or trials_at_once(study.resources)
+        trials["max_concurrent_trials"] = options.max_concurrent or feed.slots
     concurrent = options.max_concurrent or (concurrent_runs(study.resources) if distributed else None)
     trials.setdefault("max_concurrent_trials", concurrent)
     tuner = tune.Tuner(

@@ -471,14 +471,8 @@ def _paired(a_rows: pd.DataFrame, b_rows: pd.DataFrame, ma: str, mb: str) -> pd.
 
 
 def verify(data: StudyData, claims: list[str] | None = None, holm: bool = False) -> list[Verdict]:
-    """Every claim of the study (or `claims`), in order; `holm`: with Holm-adjusted p-values beside. A sequential
-    study's claims are as its looks decided them (analysis/sequential.py)."""
-    if claims is None and data.sequential is not None:
-        from .sequential import verdicts as sequential_verdicts
-
-        verdicts = sequential_verdicts(data)
-    else:
-        verdicts = [evaluate(data, c) for c in (data.claims if claims is None else claims)]
+    """Every claim of the study (or `claims`), in order; `holm`: with Holm-adjusted p-values beside."""
+    verdicts = [evaluate(data, c) for c in (data.claims if claims is None else claims)]
     return adjust_holm(verdicts) if holm else verdicts
 
 

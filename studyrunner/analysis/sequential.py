@@ -572,6 +572,15 @@ def design_of(row: dict[str, Any]) -> Design:
 _NAMES = {"obrien_fleming": "O'Brien-Fleming", "pocock": "Pocock"}
 
 
+def verify(data: StudyData, holm: bool = False) -> list[claims_module.Verdict]:
+    """`claims.verify` for any study: a sequential study's claims as its looks decided them (`verdicts`), any
+    other's by their fixed-sample tests. `holm`: Holm over the claims' p-values (here the repeated p-values)."""
+    if data.sequential is None:
+        return claims_module.verify(data, holm=holm)
+    found = verdicts(data)
+    return claims_module.adjust_holm(found) if holm else found
+
+
 def verdicts(data: StudyData) -> list[claims_module.Verdict]:
     """The claims of a sequential study as its looks decided them (the ledger's rows, never recomputed: a seed
     rerun later changes no decided look). `p` is the repeated p-value of the look that decided or ended the claim

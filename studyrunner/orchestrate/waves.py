@@ -27,6 +27,7 @@ from ..store import Ledger
 from ..store.db import FINISHED
 from ..study import CompiledStudy, trial_key
 from ..study.compiler import with_seeds
+from .faults import kill_driver_at
 from .feed import TrialFeed, check_alone
 from .tracking import RunHistory
 
@@ -133,6 +134,8 @@ class Waves(TrialFeed):
             [sequential.claim_row(c) for c in look.claims],
             new,
         )
+        for key, _, _ in new:  # fault injection (faults.py): a driver killed between the look and its wave
+            kill_driver_at("look", key)
         self.looks.append(look)
         self.compiled = with_seeds(self.compiled, look.next_seeds)
         self.say(self.describe(look))

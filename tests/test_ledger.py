@@ -346,7 +346,8 @@ def empty_url(request, tmp_path):
 
     engine = create_engine(url)
     with engine.begin() as conn:
-        tables = ("look_claims", "looks", "search_points", "trial_metrics", "cell_params", "attempts", "submissions", "trials", "cells")
+        tables = ("look_claims", "looks", "search_points", "trial_metrics", "cell_params", "attempts", "submissions")
+        tables += ("trials", "cells")
         for table in (*tables, "studies"):
             conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
         conn.execute(text("DROP TABLE IF EXISTS alembic_version"))

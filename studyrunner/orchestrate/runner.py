@@ -379,9 +379,9 @@ def _run(
                 sync_hint=workspace.hint("sync-mlflow", study.name),
             )
             if hasattr(feed, "on_look"):  # a sequential study's looks, on its study-level MLflow run
-                from .waves import log_looks
+                from .waves import LookLog
 
-                feed.on_look = lambda looks: log_looks(tracker, experiment_id, study.name, looks, recorder.mlflow.call)
+                feed.on_look = LookLog(tracker, experiment_id, study.name, recorder.mlflow.call)
             _fit(study, to_run, recorder, workspace, options, submission.cancelled, console, feed, teachers)
             result.wall_time_s = time.perf_counter() - started
     finally:

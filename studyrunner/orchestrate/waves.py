@@ -188,34 +188,49 @@ class Waves(TrialFeed):
         return lines
 
 
-def log_looks(tracker, experiment_id: str, study: str, looks: list[sequential.Look], call) -> None:
-    """The looks on the study's MLflow run (kind=study): per claim i, metrics claim_{i}_p, _nominal, _boundary,
-    _z, _fraction, _seeds and _state (1 supported, -1 contradicted, 0 otherwise) at step = look, and tags with
-    its text and state. Each point once: a resumed study logs what MLflow lacks. `call`: MlflowGuard.call."""
-    ok, run_id = call(study_run, tracker.client, experiment_id, study)
-    if not ok or run_id is None:
-        return
-    points: dict[str, dict[int, float]] = {}
-    for look in looks:
-        points.setdefault("looks_trials", {})[look.number] = float(sum(look.seeds.values()))
-        for c in look.claims:
-            values = {
-                "p": c.p_claimed,
-                "nominal": c.nominal,
-                "boundary": c.boundary,
-                "z": c.z,
-                "fraction": c.fraction,
-                "seeds": float(c.seeds),
-                "state": {sequential.SUPPORTED: 1.0, sequential.CONTRADICTED: -1.0}.get(c.state, 0.0),
-            }
-            for name, value in values.items():
-                if value == value and abs(value) != float("inf"):
-                    points.setdefault(f"claim_{c.index + 1}_{name}", {})[look.number] = float(value)
-    call(RunHistory(tracker.client, run_id).log_missing, points)
-    tags = {"sequential_looks": str(len(looks))}
-    for c in looks[-1].claims:
-        tags[f"claim_{c.index + 1}"] = c.claim[:5000]
-        tags[f"claim_{c.index + 1}_state"] = c.state if c.decided_at is None else f"{c.state} at look {c.decided_at}"
-    for key, value in tags.items():
-        call(tracker.client.set_tag, run_id, key, value)
-    call(tracker.client.set_terminated, run_id, "FINISHED")
+class LookLog:
+    """A sequential study's looks on its MLflow run (kind=study, the report's run too): per claim i, metrics
+    claim_{i}_p, _nominal, _boundary, _z, _fraction, _seeds and _state (1 supported, -1 contradicted, else 0) at
+    step = look, and tags claim_{i} (its text) and claim_{i}_state. Each point once: the first call of a submit
+    logs what MLflow lacks of every look (a resumed study's), later ones the new look, in one batch. `call`:
+    the recorder's MlflowGuard.call, so MLflow being down never stops the study."""
+
+    def __init__(self, tracker, experiment_id: str, study: str, call) -> None:
+        self.tracker, self.experiment_id, self.study, self.call = tracker, experiment_id, study, call
+        self.history: RunHistory | None = None
+
+    def __call__(self, looks: list[sequential.Look]) -> None:
+        from mlflow.entities import RunTag
+
+        if self.history is None:
+            ok, run_id = self.call(study_run, self.tracker.client, self.experiment_id, self.study)
+            if not ok or run_id is None:
+                return  # the ledger has the looks; the next submit's first look logs them
+            self.history = RunHistory(self.tracker.client, run_id)
+        points: dict[str, dict[int, float]] = {}
+        for look in looks:
+            points.setdefault("looks_trials", {})[look.number] = float(sum(look.seeds.values()))
+            for c in look.claims:
+                values = {
+                    "p": c.p_claimed,
+                    "nominal": c.nominal,
+                    "boundary": c.boundary,
+                    "z": c.z,
+                    "fraction": c.fraction,
+                    "seeds": float(c.seeds),
+                    "state": {sequential.SUPPORTED: 1.0, sequential.CONTRADICTED: -1.0}.get(c.state, 0.0),
+                }
+                for name, value in values.items():
+                    if value == value and abs(value) != float("inf"):
+                        points.setdefault(f"claim_{c.index + 1}_{name}", {})[look.number] = float(value)
+        ok, _ = self.call(self.history.log_missing, points)
+        if not ok:
+            self.history = None  # fetch what MLflow holds again next time
+            return
+        tags = [RunTag("sequential_looks", str(len(looks)))]
+        for c in looks[-1].claims:
+            state = c.state if c.decided_at is None else f"{c.state} at look {c.decided_at}"
+            tags += [RunTag(f"claim_{c.index + 1}", c.claim[:5000]), RunTag(f"claim_{c.index + 1}_state", state)]
+        self.call(self.tracker.client.log_batch, self.history.run_id, tags=tags)
+        if looks[-1].final:
+            self.call(self.tracker.client.set_terminated, self.history.run_id, "FINISHED")

@@ -21,15 +21,20 @@ alpha=nominal)`: a t-test at its current degrees of freedom, an exact test with 
 2000, §3.8 and ch. 11). The two directions are separate one-sided designs whose boundaries ignore the other's
 stopping, so each holds its level (conservatively).
 
-**Futility** (non-binding): a claim still undecided whose test would need more than `max` seeds per side for
-80% power, at its `min_effect` or else the effect observed so far (`analysis.power.seeds_needed`), gets no more
-seeds. The boundaries never count on it, so it cannot raise the false-positive rate; it costs power, which the
-simulation (benchmarks/sequential.py) reports.
+**Small seed counts.** t-statistics at 1-3 degrees of freedom re-estimate their variance at every look and cross
+normal-theory levels a little more often (5.4-5.8% at one-sided 0.05); the boundaries are therefore computed at
+a level α' calibrated by simulation (`calibrated_alpha`, fixed seed) so that a one-sample t-test holds α.
+
+**Futility** (non-binding): a claim still undecided gets no more seeds when, were the effect its `min_effect`
+(the drift from `analysis.power.seeds_needed`) or else the one seen so far, neither direction would cross by
+`max` with conditional probability 10% or more (Lan, Simon & Halperin 1982). The boundaries never count on it,
+so it cannot raise the false-positive rate; it costs power, which the simulation (benchmarks/sequential.py)
+reports.
 
 **p-values.** A decided or ended claim carries its *repeated p-value* (Jennison & Turnbull 2000, §9.1): the
-smallest level at which the design would have crossed at its last look; it is below ALPHA exactly when the claim
-crossed, and valid however the looks stopped (futility, other claims), so Holm across a study's claims
-(`verify --holm`) takes it as it takes a fixed-sample p.
+smallest level at which the design would have crossed at its last look, rescaled by α / α'; it is below ALPHA
+exactly when the claim crossed, and valid however the looks stopped (futility, other claims), so Holm across a
+study's claims (`verify --holm`) takes it as it takes a fixed-sample p.
 
 Everything here is a pure function of a StudyData (the ledger's rows at a look) and the earlier looks: no Ray,
 no SQL. The runner (orchestrate/waves.py) calls `take_look` after each wave; the simulations call the same
@@ -515,28 +520,43 @@ def _claim_look(
 
 
 def _futility(data, claim, v, design: Design, min_effect, fractions, z: float, opposite: float, most: int):
-    """(seeds needed or None, why) when the claim is futile at this look, else None. With a `min_effect`: its test
-    would need more than `most` seeds per side for 80% power at it, with the spread seen (`seeds_needed`).
-    Without one (`design.futility_effect`): "trend" (the default) when, were the effect what it looks like now,
-    neither direction would cross by `max` with conditional probability `design.futility_cp` (Lan, Simon &
-    Halperin 1982); "observed" when 80% power at the observed effect needs more than `most` seeds."""
-    if min_effect is not None or design.futility_effect == "observed":
-        needed = seeds_needed(data, claim, v, effect=min_effect, power=design.futility_power, alpha=design.alpha)
-        if needed is None or (needed.per_side is not None and needed.per_side <= most):
-            return None
-        what = f"its min_effect {min_effect:g}" if min_effect is not None else "the observed effect"
-        what += f" {needed.effect:.3g}" if min_effect is None else ""
-        more = f"{needed.per_side} seeds per side" if needed.per_side else "more seeds than any cap"
-        return needed.per_side, f"futile: {more} for {design.futility_power:.0%} power at {what}; max is {most}"
-    if design.futility_effect != "trend" or not (np.isfinite(z) and np.isfinite(opposite)) or fractions[-1] >= 1:
+    """(seeds needed or None, why) when the claim is futile at this look, else None: were the effect `min_effect`
+    (declared) or what it looks like now (none declared), neither direction would cross by `max` with conditional
+    probability `design.futility_cp` or more (Lan, Simon & Halperin 1982; Jennison & Turnbull 2000, §10.6).
+    At `min_effect` the drift comes from `seeds_needed` (80% power at it with the spread seen: n seeds per side
+    means a standardised effect of (z_{1-α} + z_{0.8}) √(max / n) at max). `design.futility_effect` "observed"
+    is the rule of 80% power at the observed effect within max instead (it halves power: see the docs)."""
+    if not (np.isfinite(z) and np.isfinite(opposite)) or fractions[-1] >= 1:
         return None
     t = fractions[-1]
     final = boundaries((*fractions, 1.0), design.level, design.spending)[-1]  # were the next look the last
-    cp = [float(norm.cdf((x / math.sqrt(t) - final) / math.sqrt(1 - t))) for x in (z, opposite)]
+    needed = None
+    if min_effect is not None or design.futility_effect == "observed":
+        needed = seeds_needed(data, claim, v, effect=min_effect, power=design.futility_power, alpha=design.alpha)
+        if needed is None:
+            return None
+        if min_effect is None:  # "observed": 80% power at the observed effect within max
+            if needed.per_side is not None and needed.per_side <= most:
+                return None
+            more = f"{needed.per_side} seeds per side" if needed.per_side else "more seeds than any cap"
+            return needed.per_side, f"futile: {more} for 80% power at the observed effect {needed.effect:.3g}"
+        per_side = needed.per_side
+        drift = (
+            0.0
+            if per_side is None
+            else (norm.isf(design.alpha) + norm.ppf(design.futility_power)) * math.sqrt(most / per_side)
+        )
+        cp = [float(norm.cdf((x * math.sqrt(t) + drift * (1 - t) - final) / math.sqrt(1 - t))) for x in (z, opposite)]
+        what = f"at its min_effect {min_effect:g}"
+    elif design.futility_effect == "trend":
+        cp = [float(norm.cdf((x / math.sqrt(t) - final) / math.sqrt(1 - t))) for x in (z, opposite)]
+        what = "at the effect seen so far"
+    else:
+        return None
     if max(cp) >= design.futility_cp:
         return None
-    return None, (
-        f"futile: at the effect seen so far it would be decided by max with probability {max(cp):.2g} "
+    return (needed.per_side if needed is not None else None), (
+        f"futile: {what} it would be decided by max with probability {max(cp):.2g} "
         f"(conditional power; below {design.futility_cp:g})"
     )
 

@@ -121,6 +121,16 @@ def test_a_sequential_study_runs_waves_until_its_claims_are_decided_and_then_run
     assert "claim 1 supported at look 3, 4 seeds: eval_accuracy[loops=2] > 0.15" in shown.output
 
 
+def test_a_sequential_study_runs_from_one_submit_at_a_time(tmp_path):
+    ws = Workspace.resolve(tmp_path)
+    ledger = Ledger(ws.db_url)
+    compiled = compile_study(loads(sequential_text("alone")))
+    ledger.register(compiled)
+    ledger.open_submission("alone", "submit")  # a live submit (this process) runs it
+    with pytest.raises(StudyrunnerError, match=r"is a sequential study and is being run by another process .*cancel"):
+        run(sequential_text("alone"), ws)
+
+
 def test_a_list_of_seeds_or_no_claims_behaves_as_before(ray_session, tmp_path):
     ws = Workspace.resolve(tmp_path)
     listed, _ = run(TINY_STUDY.replace("name: tiny", "name: listed") + CLAIMS, ws)

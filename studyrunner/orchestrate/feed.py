@@ -51,6 +51,10 @@ class TrialFeed:
     def finished(self, keys: list[str], error: bool) -> None:
         """A Tune trial running `keys` ended (`error`: Tune gave up on it)."""
 
+    def tracked(self, tracker, experiment_id: str, call) -> None:
+        """The study's MLflow experiment is open (`call`: the recorder's MlflowGuard.call), for a feed that logs
+        to it."""
+
     # --- Ray Tune -----------------------------------------------------------------------------------------
 
     def searcher(

@@ -378,10 +378,8 @@ def _run(
                 known_runs=by_tag,
                 sync_hint=workspace.hint("sync-mlflow", study.name),
             )
-            if hasattr(feed, "on_look"):  # a sequential study's looks, on its study-level MLflow run
-                from .waves import LookLog
-
-                feed.on_look = LookLog(tracker, experiment_id, study.name, recorder.mlflow.call)
+            if feed is not None:
+                feed.tracked(tracker, experiment_id, recorder.mlflow.call)
             _fit(study, to_run, recorder, workspace, options, submission.cancelled, console, feed, teachers)
             result.wall_time_s = time.perf_counter() - started
     finally:

@@ -58,10 +58,13 @@ class Waves(TrialFeed):
         self.looks = sequential.looks_from_rows(self.rows)
         self.compiled = with_registered_seeds(compiled, ledger)
         self.blocked: list[str] = self.wave_state()[0]  # failed trials of the wave: the next look waits for them
-        self.on_look: Callable[[list[sequential.Look]], None] | None = None  # MLflow, set by the runner
+        self.on_look: Callable[[list[sequential.Look]], None] | None = None  # MLflow (`tracked`)
 
     def check_alone(self, stale_after: float) -> None:
         check_alone(self.ledger, self.name, stale_after, "a sequential study", "its looks follow one another")
+
+    def tracked(self, tracker, experiment_id: str, call) -> None:
+        self.on_look = LookLog(tracker, experiment_id, self.name, call)
 
     def check_design(self) -> None:
         """Refuse an edit of the design or the claims after the first look: the error control rests on them."""

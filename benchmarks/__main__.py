@@ -1,9 +1,10 @@
 """The benchmark suite of issue 9, item 4.
 
     python -m benchmarks all [--quick] [--only NAME,...] [--out PATH]
+    python -m benchmarks sequential [--sims N]      the sequential-seeds simulation table (benchmarks/sequential.py)
 
-Measurements (NAME): control_plane, trainer_cpu, seeds_together, large_cell, platform (in that order;
-`platform` starts a local Ray, so it runs last). `--quick` (under 5 minutes on 2 idle CPU cores) runs
+Measurements (NAME): control_plane, trainer_cpu, seeds_together, large_cell, platform, waves (in that order;
+`platform` and `waves` start a local Ray, so they run last). `--quick` (under 5 minutes on 2 idle CPU cores) runs
 smaller and fewer repeats; `--tiny` runs the smallest sizes, for the tests (its figures mean nothing).
 
 Prints a table and writes benchmarks/results/<YYYY-MM-DD>-<host>.json (or --out): every figure's
@@ -27,13 +28,14 @@ from typing import Any
 
 from .common import figure, load_average, machine_facts, result_path, write_results
 
-ORDER = ("control_plane", "trainer_cpu", "seeds_together", "large_cell", "platform")
+ORDER = ("control_plane", "trainer_cpu", "seeds_together", "large_cell", "platform", "waves")
 MODULES = {  # measurement name -> module under benchmarks/
     "control_plane": "control_plane",
     "trainer_cpu": "trainer_cpu",
     "seeds_together": "seeds_together",
     "large_cell": "large_cell",
     "platform": "utilisation",  # not platform.py: see utilisation.py
+    "waves": "waves",
 }
 
 
@@ -165,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help=f"comma-separated measurements of: {', '.join(ORDER)}")
     ap.add_argument("--out", type=Path, default=None, help="result file (default benchmarks/results/DATE-HOST.json)")
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["sequential"]:  # a table of its own, not a measurement of the suite
+        from .sequential import main as sequential_main
+
+        return sequential_main(argv[1:])
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(ORDER)
     unknown = [n for n in names if n not in MODULES]

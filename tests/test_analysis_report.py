@@ -223,7 +223,7 @@ def test_mlflow_experiment_study_run_and_runs_page(written, tmp_path):
                 time.sleep(0.5)
         url = mlflow_ui.runs_url(base, exp)
         dom = chromium("--virtual-time-budget=10000", "--dump-dom", url).stdout
-        assert compiled.cells[0].label in dom and "synth: report" in dom  # the runs table, with our runs
+        assert compiled.cells[0].label in dom and "synth: study" in dom  # the runs table, with our runs
         shot = tmp_path / "runs.png"
         chromium("--virtual-time-budget=10000", "--window-size=1400,900", f"--screenshot={shot}", url)
         assert shot.is_file() and non_blank(shot) > 0.05

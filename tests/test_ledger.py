@@ -169,7 +169,7 @@ def test_two_submits_claiming_one_search_at_once_give_it_to_exactly_one(ledger, 
     ledger.ensure_study(compiled.study)  # idempotent
     if before != "nobody":
         dead = ledger.open_submission("tiny", "submit")
-        assert ledger.claim_search("tiny", dead) is None
+        assert ledger.claim_owner("tiny", dead) is None
         _set_submission(ledger, dead, host="another-host", heartbeat_at=utcnow() - timedelta(hours=1))
     first, second = Ledger(ledger.url, create=False), Ledger(ledger.url, create=False)
     a, b = first.open_submission("tiny", "submit"), second.open_submission("tiny", "submit")
@@ -177,21 +177,21 @@ def test_two_submits_claiming_one_search_at_once_give_it_to_exactly_one(ledger, 
 
     def between(conn, cursor, statement, *args) -> None:
         if not won and statement.lstrip().upper().startswith("SELECT") and "FROM submissions" in statement:
-            won.append(second.claim_search("tiny", b))
+            won.append(second.claim_owner("tiny", b))
 
     event.listen(first.engine, "after_cursor_execute", between)
     try:
-        holder = first.claim_search("tiny", a)
+        holder = first.claim_owner("tiny", a)
     finally:
         event.remove(first.engine, "after_cursor_execute", between)
     assert won == [None]  # the second submit took the search in between
     assert holder is not None and holder.id == b  # and the first, which had seen it free, did not
-    assert first.claim_search("tiny", a) is not None and second.claim_search("tiny", b) is None
+    assert first.claim_owner("tiny", a) is not None and second.claim_owner("tiny", b) is None
     first.release(a)  # the loser ends: the winner keeps the search
     late = ledger.open_submission("tiny", "resume")
-    assert ledger.claim_search("tiny", late).id == b
+    assert ledger.claim_owner("tiny", late).id == b
     second.release(b)  # the winner ends: the search is free again
-    assert ledger.claim_search("tiny", late) is None
+    assert ledger.claim_owner("tiny", late) is None
 
 
 def test_a_dead_search_holder_is_taken_over_and_a_live_one_never(ledger):
@@ -204,13 +204,13 @@ def test_a_dead_search_holder_is_taken_over_and_a_live_one_never(ledger):
     try:
         holder = ledger.open_submission("tiny", "submit")
         _set_submission(ledger, holder, pid=live.pid)
-        assert ledger.claim_search("tiny", holder) is None
+        assert ledger.claim_owner("tiny", holder) is None
         other = ledger.open_submission("tiny", "submit")
-        assert ledger.claim_search("tiny", other, stale_after=0).id == holder  # alive: never taken over
+        assert ledger.claim_owner("tiny", other, stale_after=0).id == holder  # alive: never taken over
     finally:
         live.kill()
         live.wait()
-    assert ledger.claim_search("tiny", other) is None  # killed (-9): its search is taken over at once
+    assert ledger.claim_owner("tiny", other) is None  # killed (-9): its search is taken over at once
 
 
 def _set_submission(ledger: Ledger, sid: str, **values) -> None:
@@ -406,7 +406,8 @@ def empty_url(request, tmp_path):
 
     engine = create_engine(url)
     with engine.begin() as conn:
-        tables = ("search_points", "trial_metrics", "cell_params", "attempts", "submissions", "trials", "cells")
+        tables = ("look_claims", "looks", "search_points", "trial_metrics", "cell_params", "attempts", "submissions")
+        tables += ("trials", "cells")
         for table in (*tables, "studies"):
             conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
         conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
@@ -421,18 +422,18 @@ def test_an_older_ledger_is_refused_until_db_upgrade_which_keeps_its_rows(empty_
 
     _first_release_ledger(empty_url)
     for create in (True, False):  # submit and status alike say what to run
-        with pytest.raises(StudyrunnerError, match=r"revision 0001, this studyrunner needs 0005.*db upgrade"):
+        with pytest.raises(StudyrunnerError, match=r"revision 0001, this studyrunner needs 0006.*db upgrade"):
             Ledger(empty_url, create=create)
     runner = CliRunner()
     assert "revision 0001" in runner.invoke(app, ["db", "current", "--db", empty_url]).output
     result = runner.invoke(app, ["db", "upgrade", "--db", empty_url])
-    assert result.exit_code == 0 and "upgraded from 0001 to revision 0005" in result.output
+    assert result.exit_code == 0 and "upgraded from 0001 to revision 0006" in result.output
     ledger = Ledger(empty_url)
     (row,) = ledger.trials("old")
     assert row.status == "succeeded" and row.metrics == {"eval_accuracy": 0.5}
     ledger.register(compile_study(loads(TINY_STUDY.replace("seeds: [0, 1]", "baselines: [iso_flop]\nseeds: [0]"))))
     assert any(c.baseline_of for c in ledger.cells("tiny"))
-    assert "already at revision 0005" in runner.invoke(app, ["db", "upgrade", "--db", empty_url]).output
+    assert "already at revision 0006" in runner.invoke(app, ["db", "upgrade", "--db", empty_url]).output
 
 
 def test_migrating_from_nothing_gives_exactly_the_declared_tables(empty_url):

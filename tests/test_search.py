@@ -343,14 +343,14 @@ def test_a_search_runs_from_one_submit_at_a_time(tmp_path):
     compiled = compile_study(loads(search_text("alone")))
     ledger.ensure_study(compiled.study)
     holder = ledger.open_submission("alone", "submit")  # a live submit (this process) runs the search
-    assert ledger.claim_search("alone", holder) is None
+    assert ledger.claim_owner("alone", holder) is None
     out = StringIO()
     result = submit(compiled, ws, show_progress=False, console=Console(file=out, width=200))
-    assert result.search_busy and result.ran == 0
+    assert result.study_busy and result.ran == 0
     (line,) = [x for x in out.getvalue().splitlines() if x.strip()]
     assert "another submit runs this search (submit pid" in line and "studyrunner cancel alone" in line
     assert ledger.search_points("alone") == [] and not (tmp_path / "ledger.optuna.db").exists()
-    assert ledger.get_study("alone").search_owner == holder
+    assert ledger.get_study("alone").owner == holder
     assert [s.ended_at is not None for s in ledger._open_submissions("alone")] == [False]  # the loser's ended
 
 
@@ -380,7 +380,7 @@ def test_a_space_optuna_cannot_continue_is_refused_before_anything_is_written(ra
         with pytest.raises(StudyrunnerError, match=rf"search.space\['{path}'\] is {says}.*--as-new-study NAME") as e:
             submit(compile_study(loads(more.replace(old, new))), ws, show_progress=False)
         assert "\n" not in str(e.value)
-        assert stored() == before and ledger.get_study("kinds").search_owner is None
+        assert stored() == before and ledger.get_study("kinds").owner is None
     # A wider range continues the search; every suggestion has every searched value.
     assert submit(compile_study(loads(more.replace("{int: [1, 3]}", "{int: [1, 4]}"))), ws, show_progress=False).ran
     told = optuna_trials(ws.db_url, "kinds")
@@ -446,7 +446,7 @@ def test_a_suggestion_that_fails_half_way_is_told_failed_and_the_next_submit_con
     assert told.state is optuna.trial.TrialState.FAIL and set(told.params) == {"train.lr"}
     ledger = Ledger(ws.db_url)
     assert [(p.number, p.state) for p in ledger.search_points("midask")] == [(0, "abandoned")]
-    assert ledger.get_study("midask").search_owner is None and ledger.trials("midask") == []
+    assert ledger.get_study("midask").owner is None and ledger.trials("midask") == []
     assert submit(compiled, ws, show_progress=False).ran == 2
     assert [p.state for p in ledger.search_points("midask")] == ["abandoned", "complete", "complete"]
 

@@ -97,5 +97,5 @@ def test_two_submits_of_a_new_search_at_the_same_moment_run_it_once(tmp_path, le
         assert all(t.status == "succeeded" and t.attempts == 1 for t in trials)  # each configuration ran once
         told = optuna_trials(ws.db_url, name)
         assert [(t.number, t.state) for t in told] == [(i, optuna.trial.TrialState.COMPLETE) for i in range(N_TRIALS)]
-        assert ledger.get_study(name).search_owner is None  # given back when the winner ended
+        assert ledger.get_study(name).owner is None  # given back when the winner ended
     assert losers >= 1  # the race was run: at least once, a submit found the search taken

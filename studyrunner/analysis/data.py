@@ -54,6 +54,10 @@ class StudyData:
     analysis: dict[str, Any] = field(default_factory=dict)
     # Why the study file stored in the ledger could not be read (then claims, rule and metric are unknown).
     spec_error: str = ""
+    # A sequential study (`seeds: {start, max}`): its design, and the looks the ledger records, each a dict of the
+    # look's row with its claims' rows under "claims" (analysis/sequential.py reads them); None / [] otherwise.
+    sequential: dict[str, Any] | None = None
+    looks: list[dict[str, Any]] = field(default_factory=list)
 
     # --- derived views ----------------------------------------------------------------------------
 
@@ -68,9 +72,15 @@ class StudyData:
 
     @property
     def varied_columns(self) -> list[str]:
-        """Config columns whose value differs between cells (the study's axes, baselines included)."""
+        """Config columns whose value differs between cells (the study's axes, baselines included). Kept per
+        trials frame: every selector of every claim asks (a sequential study's looks, many times each)."""
+        cached = self.__dict__.get("_varied")
+        if cached is not None and cached[0] is self.trials:
+            return list(cached[1])
         cells = self.trials.drop_duplicates("cell_hash")
-        return [c for c in self.config_columns if cells[c].astype(str).nunique() > 1]
+        varied = [c for c in self.config_columns if cells[c].astype(str).nunique() > 1]
+        self.__dict__["_varied"] = (self.trials, varied)
+        return list(varied)
 
     @cached_property
     def curves(self) -> pd.DataFrame:
@@ -202,7 +212,9 @@ def load(
     claims = list(getattr(spec, "claims", []) or [])
     metric = spec.metric.name if spec is not None else "eval_accuracy"
     mode = spec.metric.mode if spec is not None else "max"
-    if compiled is not None and compiled.study.search is None:  # a search's trials: those suggested so far
+    sequential_study = getattr(spec, "sequential", None) is not None
+    # a search's trials: those suggested so far; a sequential study's: the waves registered so far
+    if compiled is not None and compiled.study.search is None and not sequential_study:
         finished = set(trials.loc[trials.status.isin(DONE), "trial_key"])
         wanted = {t.trial_key for t in compiled.trials}
         missing = len(wanted - finished)
@@ -216,6 +228,7 @@ def load(
     labels = dict(zip(trials.cell_hash, trials.cell, strict=True)) if "cell" in trials else {}
     searched = getattr(spec, "search", None) is not None
     search = search_frame(ledger, name, labels, mode, trials, metric) if searched else None
+    design = getattr(spec, "sequential", None)
     return StudyData(
         name=name,
         trials=annotate(trials.reset_index(drop=True), rule),
@@ -235,6 +248,39 @@ def load(
         search=search if search is not None else pd.DataFrame(),
         analysis=_analysis_options(spec),
         spec_error=spec_error,
+        sequential=design.model_dump() if design is not None else None,
+        looks=looks_of(ledger, name) if design is not None else [],
+    )
+
+
+def looks_of(ledger: Ledger, study: str) -> list[dict[str, Any]]:
+    """The looks the ledger records for a sequential study: each look's row as a dict, its claims' under "claims"."""
+    out = []
+    for look, claims in ledger.looks(study):
+        row = {c: getattr(look, c) for c in ("number", "seeds", "next_seeds", "step", "design")}
+        row["texts"] = list(look.claims)
+        row["claims"] = [{c.key: getattr(c_row, c.key) for c in c_row.__table__.columns} for c_row in claims]
+        out.append(row)
+    return out
+
+
+def from_ledger(ledger: Ledger, spec) -> StudyData:
+    """A study's registered trials, read from an open ledger with its study file in hand (a sequential study's
+    looks, in the driver): claims, failure rule and metric from `spec`; no curves, no provenance, no looks."""
+    from ..results import trials_frame
+
+    trials = trials_frame(ledger, spec.name).reset_index(drop=True)
+    rule = parse_rule(spec.failure) if spec.failure else None
+    return StudyData(
+        name=spec.name,
+        trials=annotate(trials, rule),
+        metric=spec.metric.name,
+        mode=spec.metric.mode,
+        claims=list(getattr(spec, "claims", []) or []),
+        failure_rule=rule,
+        missing=int((~trials.status.isin(DONE)).sum()),
+        cells_order=list(dict.fromkeys(trials.cell_hash)),
+        analysis=_analysis_options(spec),
     )
 
 

@@ -45,6 +45,16 @@ def mark_training_experiment(client, experiment_id: str) -> None:
     client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
 
 
+def study_run(client, experiment_id: str, study: str) -> str:
+    """The study-level run of a study's experiment (tag kind=study, one per study: the report's artifacts and a
+    sequential study's looks), created on first use; returns its run id."""
+    found = client.search_runs([experiment_id], filter_string=f"tags.kind = '{STUDY_RUN_KIND}'", max_results=1)
+    if found:
+        return found[0].info.run_id
+    run = client.create_run(experiment_id, run_name=f"{study}: study", tags={"kind": STUDY_RUN_KIND, "study": study})
+    return run.info.run_id
+
+
 def log_study_run(tracking_uri: str, study: str, experiment_id: str | None, files: list[Path]) -> str:
     """Log `files` (the report, fit and claim tables) as artifacts of the study-level run (tag
     kind=study, one per study, created on first use); returns its run id."""
@@ -60,14 +70,7 @@ def log_study_run(tracking_uri: str, study: str, experiment_id: str | None, file
     try:
         client = MlflowClient(tracking_uri)
         mark_training_experiment(client, experiment_id)
-        found = client.search_runs([experiment_id], filter_string=f"tags.kind = '{STUDY_RUN_KIND}'", max_results=1)
-        if found:
-            run_id = found[0].info.run_id
-        else:
-            run = client.create_run(
-                experiment_id, run_name=f"{study}: report", tags={"kind": STUDY_RUN_KIND, "study": study}
-            )
-            run_id = run.info.run_id
+        run_id = study_run(client, experiment_id, study)
         for path in files:
             client.log_artifact(run_id, str(path), artifact_path="analysis")
         client.set_terminated(run_id, "FINISHED")

@@ -38,16 +38,25 @@ def validate(file: StudyFile):
 
     compiled = load_and_compile(file)
     warn(compiled.warnings)
-    counts = (
-        _search_line(compiled)
-        if compiled.study.search
-        else f"{len(compiled.cells)} cells, {len(compiled.trials)} trials"
-    )
+    if compiled.study.search:
+        counts = _search_line(compiled)
+    elif compiled.study.sequential:
+        counts = _sequential_line(compiled)
+    else:
+        counts = f"{len(compiled.cells)} cells, {len(compiled.trials)} trials"
     out.print(f"{file}: ok ({counts})", markup=False, highlight=False)
 
 
+def _sequential_line(compiled) -> str:
+    seeds, cells = compiled.study.sequential, len(compiled.cells)
+    return (
+        f"{cells} cells, sequential seeds {seeds.start} to {seeds.max}: {cells * seeds.start} trials first, "
+        f"at most {cells * seeds.max}"
+    )
+
+
 def _search_line(compiled) -> str:
-    search, seeds, grid = compiled.study.search, len(compiled.study.seeds), len(compiled.bases)
+    search, seeds, grid = compiled.study.search, len(compiled.study.seed_values), len(compiled.bases)
     per = f" in each of {grid} grid cells" if grid > 1 else ""
     return (
         f"search: {search.algorithm} {search.sampler}, {search.n_trials} configurations x {seeds} seeds{per} = "
@@ -68,10 +77,13 @@ def plan(file: StudyFile):
     compiled = load_and_compile(file)
     warn(compiled.warnings)
     study = compiled.study
-    title = f"{study.name}: {len(compiled.cells)} cells x {len(study.seeds)} seeds = {len(compiled.trials)} trials"
+    seeds = len(study.seed_values)
+    title = f"{study.name}: {len(compiled.cells)} cells x {seeds} seeds = {len(compiled.trials)} trials"
     if study.search:  # the grid cells its searches run in, at the base values of the searched paths
         compiled = dataclasses.replace(compiled, cells=compiled.bases)
         title = f"{study.name}: {_search_line(compiled)}; grid cells (searched paths at their base values)"
+    elif study.sequential:
+        title = f"{study.name}: {_sequential_line(compiled)}"
     table = Table(title=Text(title))
     columns = ["#", "cell", "cell_hash", "family", "params", "effective_depth", "steps"]
     has_baselines = any(c.baseline_of for c in compiled.cells)
@@ -103,6 +115,31 @@ def plan(file: StudyFile):
                 Text(f"{domain.kind} {list(domain.choices) if domain.kind == 'choice' else [domain.low, domain.high]}"),
             )
         out.print(space)
+    if study.sequential:
+        _print_sequential_design(study)
+
+
+def _print_sequential_design(study) -> None:
+    """The design of a sequential study and the nominal level of each look it may take."""
+    from ..analysis.sequential import Design
+
+    design = Design.of(study.sequential)
+    step = design.step or 1
+    how = f"{step} seed{'s' if step > 1 else ''}"
+    how = how if design.step else "1 seed (by default as many as fill the cluster's free slots)"
+    table = Table(title=Text(f"sequential design: {design.describe()}"))
+    for col in ("look", "seeds per cell", "information", "nominal one-sided level"):
+        table.add_column(col, justify="right")
+    for i, (seeds, t, level) in enumerate(design.planned_levels(step), 1):
+        table.add_row(str(i), str(seeds), f"{t:.2f}", f"{level:.3g}")
+    out.print(table)
+    claims = len(study.claims)
+    out.print(
+        f"each look decides the {claims} claims from the finished seeds, then adds {how} per wave to the cells the "
+        f"undecided claims select; levels assume every look adds {step} to every cell (information = seeds / max)",
+        markup=False,
+        highlight=False,
+    )
 
 
 @app.command()
@@ -141,10 +178,37 @@ def status(
         cells = [f"[{styles[s]}]{c[s]}[/]" if c[s] else "0" for s in columns]
         table.add_row(Text(name), *cells, str(sum(c.values())))
     out.print(table)
+    for name in sorted(counts):
+        _print_looks(ledger, name)
     _print_failures(ledger, sorted(counts))
     stale = {name: c["stale"] for name, c in counts.items() if c["stale"]}
     for name, n in sorted(stale.items()):
         out.print(f"{n} trials of {name} are stale (their submit died): {ws.hint('resume', name)}", markup=False)
+
+
+def _print_looks(ledger, name: str) -> None:
+    """A sequential study's current wave and each claim's state, from its looks."""
+    from ..analysis import sequential
+    from ..analysis.data import looks_of
+    from ..errors import SpecError
+    from ..study import loads
+
+    try:
+        study = loads(ledger.get_study(name).spec_text, source=f"<study {name} in the ledger>")
+    except SpecError:
+        return
+    if study.sequential is None:
+        return
+    looks = sequential.looks_from_rows(looks_of(ledger, name))
+    if not looks:
+        out.print(f"{name}: sequential, wave 1 (the first {study.sequential.start} seeds of every cell); no look yet")
+        return
+    last = looks[-1]
+    wave = f"wave {last.number + 1} ({sum(last.wave.values())} trials)"
+    wave = "finished: no claim needs more seeds" if last.final else wave
+    out.print(f"{name}: sequential, {len(looks)} looks; {wave}", markup=False, highlight=False)
+    for c in last.claims:
+        out.print(f"  {sequential.describe_state(c, last.next_seeds)}: {c.claim}", markup=False, highlight=False)
 
 
 def _print_failures(ledger, studies: list[str], limit: int = 50) -> None:

@@ -99,9 +99,9 @@ def _run_and_report(run, ws, study_name: str) -> None:
         )
     elif result.busy:
         err.print(f"{escape(result.study)}: every trial to run is being run by another process")
-    elif not result.search_busy:  # a search another submit runs was said in one line already
+    elif not result.study_busy:  # a search another submit runs was said in one line already
         err.print(f"{escape(result.study)}: nothing to run")
-    if not result.search_busy:  # the submit that runs the search says how it went
+    if not result.study_busy:  # the submit that runs the search says how it went
         _print_summary(ws, study_name)
     err.print(f"ledger: {ws.db_url}\nMLflow: {ws.tracking_uri}  ({ws.hint('ui')})", markup=False, highlight=False)
     if result.interrupted:

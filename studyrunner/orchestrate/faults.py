@@ -9,6 +9,10 @@
     STUDYRUNNER_INJECT_DRIVER_KILL=GLOB@finish
                                            the submitting process SIGKILLs itself while recording the
                                            trial's end: after the ledger has its outcome, before MLflow
+    STUDYRUNNER_INJECT_DRIVER_KILL=GLOB@look
+                                           ... right after a sequential study's look is recorded with
+                                           the next wave's trials (GLOB matches one of them), before
+                                           any of them is leased or run
 
 Read by the driver, which passes each trial's faults in its payload (workers on other nodes do not
 share the driver's environment).
@@ -51,7 +55,7 @@ def injections_for(trial_key: str) -> dict[str, int] | None:
     return found or None
 
 
-DRIVER_POINTS = ("finish",)
+DRIVER_POINTS = ("finish", "look")
 
 
 def driver_kills() -> list[tuple[str, str]]:

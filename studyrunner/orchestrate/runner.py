@@ -45,7 +45,7 @@ class SubmitResult:
     skipped: list[str] = field(default_factory=list)  # succeeded before
     held: list[str] = field(default_factory=list)  # failed or diverged before: `rerun` runs them
     busy: list[str] = field(default_factory=list)  # being run by another live submit
-    search_busy: bool = False  # a search study whose search another live submit runs (nothing was run)
+    study_busy: bool = False  # a search or sequential study another live submit runs (nothing was run)
     succeeded: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     diverged: list[str] = field(default_factory=list)
@@ -146,6 +146,8 @@ def submit(
     ledger, tracker = _open_stores(workspace)
     if compiled.study.search is not None:
         return _submit_search(compiled, workspace, ledger, tracker, "submit", options, console)
+    if compiled.study.sequential is not None:
+        return _submit_waves(compiled, workspace, ledger, tracker, "submit", options, console)
     _refuse_changed_meaning(ledger, compiled)
     resolve_teachers(compiled, ledger, workspace)  # a missing or unfinished teacher fails before any write
     reg = ledger.register(compiled)
@@ -166,6 +168,8 @@ def resume(
     compiled = stored_study(ledger, study)
     if compiled.study.search is not None:  # continuing a search is submitting it again
         return _submit_search(compiled, workspace, ledger, tracker, "resume", options, console)
+    if compiled.study.sequential is not None:  # ... and a sequential study's waves
+        return _submit_waves(compiled, workspace, ledger, tracker, "resume", options, console)
     reg = ledger.register(compiled)
     result = SubmitResult(study, len(compiled.trials), skipped=reg.skipped)
     stale = sorted(ledger.stale_keys(study, options.stale_after))
@@ -225,6 +229,10 @@ def stored_study(ledger: Ledger, name: str) -> CompiledStudy:
         from .search import with_search_cells
 
         compiled = with_search_cells(compiled, ledger)
+    if compiled.study.sequential is not None:  # its cells' seeds: those of the waves registered so far
+        from .waves import with_registered_seeds
+
+        compiled = with_registered_seeds(compiled, ledger)
     return compiled
 
 
@@ -239,16 +247,9 @@ def _submit_search(compiled, workspace, ledger, tracker, command, options, conso
     say = lambda line: console.print(Text.assemble(("search: ", "cyan"), line), highlight=False)  # noqa: E731
     search = SearchRun(compiled, ledger, workspace.db_url, say)
     _refuse_changed_meaning(ledger, search.compiled)
-    ledger.ensure_study(compiled.study)  # a submission belongs to a study row; an existing one is left alone
-    submission = Submission(ledger, name, command)
-    holder = ledger.claim_search(name, submission.id, options.stale_after)
-    if holder is not None:  # another live submit runs this search: leave it to it, as busy trials are
-        submission.close()
-        console.print(
-            f"{escape(name)}: another submit runs this search ({escape(holder.command)} pid {holder.pid} on "
-            f"{escape(holder.host)}); left to it (stop it with: {escape(workspace.hint('cancel', name))})"
-        )
-        return SubmitResult(name, 0, search_busy=True)
+    submission = _take_study(ledger, compiled.study, command, options, console, workspace, "search")
+    if submission is None:
+        return SubmitResult(name, 0, study_busy=True)
     try:
         search.refuse_changed_space()
         ledger.register(search.compiled)
@@ -261,20 +262,10 @@ def _submit_search(compiled, workspace, ledger, tracker, command, options, conso
         if compiled.cells:
             _say_plan(console, compiled, reg.skipped, held, workspace)
         stale = sorted(ledger.stale_keys(name, options.stale_after))
-        candidates = reg.to_run + stale
         result = _run(
-            compiled,
-            workspace,
-            ledger,
-            tracker,
-            candidates,
-            command,
-            result,
-            options,
-            console,
-            search=search,
-            submission=submission,
-        )
+            compiled, workspace, ledger, tracker, reg.to_run + stale, command, result, options, console,
+            feed=search, submission=submission,
+        )  # fmt: skip
     except BaseException:
         submission.close()  # releases the search (a no-op where `_run` closed it)
         raise
@@ -282,6 +273,59 @@ def _submit_search(compiled, workspace, ledger, tracker, command, options, conso
     for line in search.summary():
         console.print(line, markup=False, highlight=False)
     return result
+
+
+def _submit_waves(compiled, workspace, ledger, tracker, command, options, console) -> SubmitResult:
+    """A sequential study (orchestrate/waves.py): take the study (one submit runs its waves at a time), run the
+    registered trials not yet finished, then a wave after each look until every claim is decided or at `max`."""
+    from .waves import Waves
+
+    name = compiled.study.name
+    reap_dead(ledger, name)
+    say = lambda line: console.print(Text.assemble(("sequential: ", "cyan"), line), highlight=False)  # noqa: E731
+    submission = _take_study(ledger, compiled.study, command, options, console, workspace, "sequential study")
+    if submission is None:
+        return SubmitResult(name, 0, study_busy=True)
+    try:
+        waves = Waves(compiled, ledger, say)  # the looks read once the study is ours: no other submit adds one
+        waves.check_design()
+        _refuse_changed_meaning(ledger, waves.compiled)
+        resolve_teachers(waves.compiled, ledger, workspace)
+        reg = ledger.register(waves.compiled)
+        compiled = waves.compiled
+        held = [r.trial_key for r in ledger.trials_by_key(reg.held) if r.status in ("failed", "diverged")]
+        result = SubmitResult(name, len(compiled.trials), skipped=reg.skipped, held=held)
+        console.print(f"[bold]{escape(name)}[/]: {escape(waves.plan())}")
+        _say_plan(console, compiled, reg.skipped, held, workspace)
+        stale = sorted(ledger.stale_keys(name, options.stale_after))
+        result = _run(
+            compiled, workspace, ledger, tracker, reg.to_run + stale, command, result, options, console,
+            feed=waves, submission=submission,
+        )  # fmt: skip
+    except BaseException:
+        submission.close()  # releases the study (a no-op where `_run` closed it)
+        raise
+    result.trials = len(waves.compiled.trials)
+    for line in waves.summary():
+        console.print(line, markup=False, highlight=False)
+    return result
+
+
+def _take_study(ledger, study, command, options, console, workspace, what: str) -> Submission | None:
+    """A study that runs from one submit at a time (a search asks Optuna in turn; a sequential study's looks
+    follow one another): take it in the ledger by one conditional write, so of two submits started together
+    exactly one runs it. None, said in one line, where another live submit holds it."""
+    ledger.ensure_study(study)  # a submission belongs to a study row; an existing one is left alone
+    submission = Submission(ledger, study.name, command)
+    holder = ledger.claim_owner(study.name, submission.id, options.stale_after)
+    if holder is None:
+        return submission
+    submission.close()
+    console.print(
+        f"{escape(study.name)}: another submit runs this {what} ({escape(holder.command)} pid {holder.pid} on "
+        f"{escape(holder.host)}); left to it (stop it with: {escape(workspace.hint('cancel', study.name))})"
+    )
+    return None
 
 
 def _refuse_changed_meaning(ledger: Ledger, compiled: CompiledStudy) -> None:
@@ -302,8 +346,9 @@ def _refuse_changed_meaning(ledger: Ledger, compiled: CompiledStudy) -> None:
 def _say_plan(console: Console, compiled: CompiledStudy, skipped: list[str], held: list[str], workspace) -> None:
     study = compiled.study
     again = escape(workspace.hint("rerun", study.name, "--failed", "--diverged"))
+    seeds = f"{len(study.seeds)} seeds" if study.sequential is None else "seeds so far"
     console.print(
-        f"[bold]{escape(study.name)}[/]: {len(compiled.cells)} cells x {len(study.seeds)} seeds = "
+        f"[bold]{escape(study.name)}[/]: {len(compiled.cells)} cells x {seeds} = "
         f"{len(compiled.trials)} trials; {len(skipped)} already succeeded (skipped)"
         + (f", {len(held)} failed or diverged (rerun with: {again})" if held else "")
     )
@@ -321,13 +366,13 @@ def _run(
     console: Console,
     statuses: tuple[str, ...] = SUBMIT_RUNS,
     fresh: bool = False,
-    search=None,
+    feed=None,
     submission: Submission | None = None,
 ) -> SubmitResult:
     """Claim the candidates this process may run (`fresh`: then discard their checkpoints), run them on Ray
     Tune, release what did not finish, and mend what MLflow lacks of the study's finished trials. With a
-    `search` (orchestrate/search.py), Tune also runs the seeds of the configurations it suggests, under the
-    `submission` that holds the search."""
+    `feed` (feed.py: a search's suggestions, a sequential study's waves), Tune also runs the trials it brings,
+    under the `submission` that holds the study (`_take_study`)."""
     options = options or RunOptions()
     study = compiled.study
     teachers = resolve_teachers(compiled, ledger, workspace)
@@ -342,12 +387,11 @@ def _run(
     to_run = [t for t in compiled.trials if t.trial_key in claimed]
     if result.busy:
         console.print(f"{len(result.busy)} trials are being run by another submit of {escape(study.name)}; left to it")
-    console.print(
-        f"{len(to_run)} to run" + (", then new suggestions" if search is not None and search.can_ask() else "")
-    )
-    if search is not None:  # a suggestion's trials are leased as they come
-        search.lease = lambda keys: set(ledger.claim(study.name, keys, submission.id, statuses, options.stale_after))
-    if not to_run and (search is None or not search.can_ask()):
+    more = ", then new suggestions" if study.search is not None else ", then a wave after each look"
+    console.print(f"{len(to_run)} to run" + (more if feed is not None and feed.can_ask() else ""))
+    if feed is not None:  # the trials it brings are leased as they come
+        feed.lease = lambda keys: set(ledger.claim(study.name, keys, submission.id, statuses, options.stale_after))
+    if not to_run and (feed is None or not feed.can_ask()):
         submission.close()
         _mend_tracking(ledger, tracker, workspace, study.name, console)
         return result
@@ -373,7 +417,9 @@ def _run(
                 known_runs=by_tag,
                 sync_hint=workspace.hint("sync-mlflow", study.name),
             )
-            _fit(study, to_run, recorder, workspace, options, submission.cancelled, console, search, teachers)
+            if feed is not None:
+                feed.tracked(tracker, experiment_id, recorder.mlflow.call)
+            _fit(study, to_run, recorder, workspace, options, submission.cancelled, console, feed, teachers)
             result.wall_time_s = time.perf_counter() - started
     finally:
         with interrupts_deferred():  # a second Ctrl-C must not leave trials `running`
@@ -392,7 +438,7 @@ def _run(
         )
     else:
         _mend_tracking(ledger, tracker, workspace, study.name, console)
-    ran = to_run + (search.admitted if search is not None else [])
+    ran = to_run + (feed.admitted if feed is not None else [])
     for row in ledger.trials(study.name, [t.trial_key for t in ran]):
         bucket = {
             "succeeded": result.succeeded,
@@ -539,11 +585,11 @@ def _fit(
     options: RunOptions,
     cancel,
     console,
-    search=None,
+    feed=None,
     teachers=None,
 ) -> None:
-    """One Tune run over `to_run`: a trial per trial_key, recorded on the driver by `recorder`; with a `search`,
-    then the trials of its suggestions. `teachers`: conversions' teacher checkpoints (teachers.py)."""
+    """One Tune run over `to_run`: a trial per trial_key, recorded on the driver by `recorder`; with a `feed`
+    (feed.py), then the trials it brings. `teachers`: conversions' teacher checkpoints (teachers.py)."""
     from ray import tune
 
     from .trainable import trainable
@@ -556,7 +602,7 @@ def _fit(
         resources = lambda config: tune.PlacementGroupFactory([trial_resources(study.resources, config["trial"])])  # noqa: E731
     else:
         resources = trial_resources(study.resources)
-    if search is None:
+    if feed is None:
         trials = {"param_space": {"trial": tune.grid_search(_payloads(study, to_run, workspace, teachers))}}
     else:
 
@@ -565,10 +611,11 @@ def _fit(
             progress.admit({t.trial_key: t.config["train"]["steps"] for t in trials})
 
         payloads = lambda trials: _payloads(study, trials, workspace, teachers)  # noqa: E731
-        trials = {"search_alg": search.searcher(to_run, payloads=payloads, admit=admit), "num_samples": -1}
+        feed.slots = trials_at_once(study.resources)
+        trials = {"search_alg": feed.searcher(to_run, payloads=payloads, admit=admit), "num_samples": -1}
         # Tune starts one trial of a searcher's at a time unless told how many may run: a configuration's seeds
         # would run one after another.
-        trials["max_concurrent_trials"] = options.max_concurrent or trials_at_once(study.resources)
+        trials["max_concurrent_trials"] = options.max_concurrent or feed.slots
     concurrent = options.max_concurrent or (concurrent_runs(study.resources) if distributed else None)
     trials.setdefault("max_concurrent_trials", concurrent)
     tuner = tune.Tuner(

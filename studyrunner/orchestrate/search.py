@@ -28,7 +28,7 @@ asked; an Optuna study that was deleted is rebuilt from the ledger's points. `n_
 configurations, those of earlier submits included: a finished search runs nothing when submitted again,
 and a larger `n_trials` asks for the difference.
 
-A search runs from one submit at a time: a submit takes the study's search in the ledger (`claim_search`, one
+A search runs from one submit at a time: a submit takes the study's search in the ledger (`claim_owner`, one
 conditional UPDATE, so of two submits started at once exactly one runs it; the other says so and exits) and
 gives it back when it ends; a holder that died is taken over. An edit of the space that Optuna cannot continue
 (a path's kind, a choice's values, a range's log scale) is refused before anything is written. A suggestion
@@ -44,13 +44,11 @@ deterministic).
 from __future__ import annotations
 
 import warnings
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ray.tune.search import Searcher
 from sqlalchemy import inspect, make_url, text
 
 from ..analysis.search import current_outcome, seed_mean
@@ -61,6 +59,7 @@ from ..store.ledger import database_errors
 from ..study import CompiledStudy, Trial
 from ..study.compiled import Cell
 from ..study.compiler import search_cell, with_cells
+from .feed import TrialFeed
 
 OPTUNA_SCHEMA = "studyrunner_optuna"
 TOLD = ("complete", "failed")
@@ -281,11 +280,12 @@ class _Search:
 # ------------------------------------------------------------------------------------- the run
 
 
-class SearchRun:
+class SearchRun(TrialFeed):
     """One submit's share of a study's searches: reconcile the ledger and Optuna, then give Ray Tune its
-    trials (`searcher`), telling Optuna of each configuration when its seeds have finished."""
+    trials (`searcher`, feed.py), telling Optuna of each configuration when its seeds have finished."""
 
     def __init__(self, compiled: CompiledStudy, ledger: Ledger, db_url: str, say: Callable[[str], None]) -> None:
+        super().__init__()
         self.ledger, self.say = ledger, say
         self.name = compiled.study.name
         self.compiled = with_search_cells(compiled, ledger)
@@ -293,15 +293,6 @@ class SearchRun:
         self._storage = None  # opened by the submit that holds the search, when it first needs it
         self._searches: dict[str, _Search] | None = None
         self.open: dict[tuple[str, int], _Point] = {}  # suggested, not yet told
-        self.admitted: list[Trial] = []  # trials of new suggestions this run sent to Tune
-        # set by `searcher`
-        self._queue: deque[dict] = deque()
-        self._sent: set[str] = set()  # trial keys given to Tune by this run
-        self._running: set[str] = set()  # ... and not ended yet
-        self._errored: set[str] = set()  # ended by an error Tune gave up on (the ledger records it failed next)
-        self._by_tune_id: dict[str, list[str]] = {}
-        self._payloads = self._admit = None
-        self.lease: Callable[[list[str]], set[str]] | None = None  # trial keys -> those this submit now holds
         self._turn = 0
 
     @property
@@ -427,45 +418,21 @@ class SearchRun:
         per = f" in each of {len(self.searches)} grid cells" if len(self.searches) > 1 else ""
         return (
             f"search ({spec.algorithm} {spec.sampler}, seed {spec.seed}): {spec.n_trials} configurations x "
-            f"{len(self.compiled.study.seeds)} seeds{per}; {done} suggested so far ({told} evaluated)"
+            f"{len(self.compiled.study.seed_values)} seeds{per}; {done} suggested so far ({told} evaluated)"
         )
 
     def can_ask(self) -> bool:
         return any(s.budget > 0 for s in self.searches.values())
 
-    # --- Ray Tune ------------------------------------------------------------------------------------
+    # --- Ray Tune (feed.py) ----------------------------------------------------------------------------
 
-    def searcher(
-        self,
-        first: list[Trial],
-        *,
-        payloads: Callable[[list[Trial]], list[dict]],
-        admit: Callable[[Cell, list[Trial]], None],
-    ) -> Searcher:
-        """The Searcher Tune runs: the trials the submit claimed (`first`: seeds of configurations left
-        unfinished, seeds added to `seeds:`), then the seeds of each new suggestion, leased with `self.lease`
-        (set by the runner). `payloads` makes Tune configs of trials; `admit` readies the recorder for a cell."""
-        self._payloads, self._admit = payloads, admit
-        self._enqueue(first)
-        return _TuneSearcher(self)
-
-    def _enqueue(self, trials: list[Trial]) -> None:
-        trials = [t for t in trials if t.trial_key not in self._sent]
-        self._sent.update(t.trial_key for t in trials)
-        self._queue.extend(self._payloads(trials) if trials else [])
-
-    def suggest(self, tune_id: str) -> dict | str | None:
-        while not self._queue:
-            search = self._next_search()
-            if search is None:
-                # Nothing more to ask now: done, unless running configurations may free a slot.
-                return None if self._running else Searcher.FINISHED
-            self._ask(search)
-        payload = self._queue.popleft()
-        keys = [m["trial_key"] for m in payload["group"]] if "group" in payload else [payload["trial_key"]]
-        self._by_tune_id[tune_id] = keys
-        self._running.update(keys)
-        return {"trial": payload}
+    def refill(self) -> bool:
+        """A new suggestion from the next search with budget and a free slot (its seeds queued)."""
+        search = self._next_search()
+        if search is None:
+            return False
+        self._ask(search)
+        return True
 
     def _next_search(self) -> _Search | None:
         """The next search (round robin over grid cells) that has budget and a free slot."""
@@ -498,14 +465,8 @@ class SearchRun:
             ) from None
         number = search.sampler.last_number
         point = self._record(search, number, params, asked_as)
-        if point.cell is None:
-            return
-        claimed = self.lease(point.keys)
-        runnable = [t for t in point.trials if t.trial_key in claimed and t.trial_key not in self._sent]
-        if runnable:
-            self._admit(point.cell, runnable)
-            self.admitted.extend(runnable)
-            self._enqueue(runnable)
+        if point.cell is not None:
+            self.run_new(point.cell, point.trials)
 
     def _record(self, search: _Search, number: int, params: dict[str, Any], asked_as: str | None) -> _Point:
         """A suggestion into the ledger: its cell and trials (registered as a grid cell's), then its point row;
@@ -563,12 +524,8 @@ class SearchRun:
             return []
         return with_cells(CompiledStudy(self.compiled.study, []), [cell]).trials
 
-    def trial_done(self, tune_id: str, error: bool) -> None:
+    def finished(self, keys: list[str], error: bool) -> None:
         """A Tune trial ended: tell Optuna of every configuration it was the last unfinished seed of."""
-        keys = self._by_tune_id.pop(tune_id, [])
-        self._running.difference_update(keys)
-        if error:  # Tune gave up on it; the recorder marks it failed right after this
-            self._errored.update(keys)
         for point in [p for p in self.open.values() if set(p.keys) & set(keys)]:
             self._tell_if_done(point)
 
@@ -654,30 +611,3 @@ class SearchRun:
 
 def _shown(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={float(f'{v:.4g}') if isinstance(v, float) else v}" for k, v in params.items())
-
-
-class _TuneSearcher(Searcher):
-    """What Ray Tune asks for trials (`SearchRun.suggest`) and tells of their ends (`SearchRun.trial_done`).
-    Its state is the ledger's and Optuna's, so Tune's experiment checkpoints hold none of it."""
-
-    def __init__(self, run: SearchRun) -> None:
-        super().__init__()
-        self._run = run
-
-    def suggest(self, trial_id: str) -> dict | str | None:
-        return self._run.suggest(trial_id)
-
-    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        self._run.trial_done(trial_id, error)
-
-    def save(self, checkpoint_path: str) -> None:  # nothing to save: resubmitting continues a search
-        pass
-
-    def restore(self, checkpoint_path: str) -> None:
-        pass
-
-    def __getstate__(self) -> dict:  # Tune pickles its config; ours holds live database connections
-        return {}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)

@@ -40,7 +40,7 @@ class RerunSelection:
         for prefix in self.cells:
             if not any(h.startswith(prefix) for h in known):
                 raise StudyrunnerError(f"--cell {prefix}: no cell of study {study!r} has a hash starting so")
-        seeds = set(compiled.study.seeds)
+        seeds = set(compiled.study.seed_values)
         for seed in self.seeds:
             if seed not in seeds:
                 raise StudyrunnerError(f"--seeds: {seed} is not a seed of study {study!r} ({sorted(seeds)})")

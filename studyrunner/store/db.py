@@ -52,8 +52,8 @@ class StudyRow(Base):
     mlflow_experiment_id: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
-    # revision 0005: the submission running the study's search (`search:`), which one submit runs at a time
-    search_owner: Mapped[str | None] = mapped_column(String(36))
+    # revision 0005: the submission running a study that runs from one submit at a time (a search, a sequential study)
+    owner: Mapped[str | None] = mapped_column(String(36))
 
 
 class CellRow(Base):
@@ -175,6 +175,56 @@ class SearchPointRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     told_at: Mapped[datetime | None]
+
+
+class LookRow(Base):
+    """One look of a sequential study (`seeds: {start, max}`; revision 0006): the seeds per cell its data held and
+    those after the wave it added (equal: it added none, the study's last look), in the same transaction as that
+    wave's trials, so a resumed study replays it rather than deciding again."""
+
+    __tablename__ = "looks"
+
+    study: Mapped[str] = mapped_column(ForeignKey("studies.name"), primary_key=True)
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)  # 1, 2, ...
+    seeds: Mapped[dict[str, Any]]  # cell_hash -> seeds 0 .. n-1 the look's data held
+    next_seeds: Mapped[dict[str, Any]]  # cell_hash -> seeds after the wave it added
+    step: Mapped[int] = mapped_column(Integer)  # seeds the wave added per cell
+    design: Mapped[dict[str, Any]]  # start, max, step, spending, alpha as the look used them
+    claims: Mapped[list] = mapped_column(JSON)  # the claims' texts, in the study file's order
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class LookClaimRow(Base):
+    """One claim at one look: its test's statistic and p, the information fraction, the boundary and the
+    decision (analysis/sequential.py ClaimLook)."""
+
+    __tablename__ = "look_claims"
+    __table_args__ = (ForeignKeyConstraint(["study", "look"], ["looks.study", "looks.number"]),)
+
+    study: Mapped[str] = mapped_column(String(64), primary_key=True)
+    look: Mapped[int] = mapped_column(Integer, primary_key=True)
+    claim: Mapped[int] = mapped_column(Integer, primary_key=True)  # index in the study file's claims
+    text: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(
+        String(16)
+    )  # sampling | supported | contradicted | futile | inconclusive | invalid
+    analysed: Mapped[bool] = mapped_column(Boolean)  # False: carried from an earlier look
+    decided_at: Mapped[int | None] = mapped_column(Integer)
+    seeds: Mapped[int] = mapped_column(Integer)  # per side, the fewest, its test used
+    fraction: Mapped[float | None] = mapped_column(Float)  # information fraction
+    nominal: Mapped[float | None] = mapped_column(Float)  # one-sided level of this look
+    boundary: Mapped[float | None] = mapped_column(Float)  # normal scale
+    z: Mapped[float | None] = mapped_column(Float)
+    p_claimed: Mapped[float | None] = mapped_column(Float)
+    p_opposite: Mapped[float | None] = mapped_column(Float)
+    p_sequential: Mapped[float | None] = mapped_column(Float)  # repeated p-value, once decided or ended
+    estimate: Mapped[float | None] = mapped_column(Float)
+    lo: Mapped[float | None] = mapped_column(Float)
+    hi: Mapped[float | None] = mapped_column(Float)
+    needed: Mapped[int | None] = mapped_column(Integer)  # seeds per side for 80% power (futility)
+    test: Mapped[str] = mapped_column(Text)
+    detail: Mapped[str] = mapped_column(Text)
+    cells: Mapped[list] = mapped_column(JSON)
 
 
 def make_engine(url: str) -> Engine:

@@ -32,6 +32,8 @@ from .db import (
     STATUSES,
     AttemptRow,
     CellRow,
+    LookClaimRow,
+    LookRow,
     SearchPointRow,
     StudyRow,
     SubmissionRow,
@@ -376,9 +378,9 @@ class Ledger:
         with self.session() as s:
             return list(s.scalars(select(TrialRow.trial_key).where(TrialRow.owner == submission)))
 
-    def claim_search(self, study: str, submission: str, stale_after: float = STALE_AFTER_S) -> SubmissionRow | None:
-        """Take the study's search (`search:`, which one submit runs at a time) for `submission`, unless a live
-        submission holds it; returns None when `submission` holds it now, else the holder.
+    def claim_owner(self, study: str, submission: str, stale_after: float = STALE_AFTER_S) -> SubmissionRow | None:
+        """Take a study that runs from one submit at a time (a search, a sequential study) for `submission`,
+        unless a live submission holds it; returns None when `submission` holds it now, else the holder.
 
         One conditional UPDATE of the study's row, as `claim` takes trials: of two submits claiming at once
         exactly one gets it (SQLite serialises the writes; on PostgreSQL the loser's UPDATE waits for the
@@ -388,21 +390,21 @@ class Ledger:
         with self.session() as s, s.begin():
             ended = select(SubmissionRow.id).where(SubmissionRow.ended_at.is_not(None))
             free = or_(
-                StudyRow.search_owner.is_(None),
-                StudyRow.search_owner == submission,
-                StudyRow.search_owner.in_(dead),
-                StudyRow.search_owner.in_(ended),  # an ended submission stays ended: no newer row can be missed
+                StudyRow.owner.is_(None),
+                StudyRow.owner == submission,
+                StudyRow.owner.in_(dead),
+                StudyRow.owner.in_(ended),  # an ended submission stays ended: no newer row can be missed
             )
             s.execute(
                 update(StudyRow)
                 .where(StudyRow.name == study, free)
-                .values(search_owner=submission)
+                .values(owner=submission)
                 .execution_options(synchronize_session=False)
             )
         with self.session() as s:
-            owner = s.scalar(select(StudyRow.search_owner).where(StudyRow.name == study))
+            owner = s.scalar(select(StudyRow.owner).where(StudyRow.name == study))
             if owner is None:
-                raise StudyrunnerError(f"no study named {study!r} in {self.url} to run a search of")
+                raise StudyrunnerError(f"no study named {study!r} in {self.url} to run")
             return None if owner == submission else s.get(SubmissionRow, owner)
 
     def request_cancel(self, study: str) -> tuple[int, int]:
@@ -452,8 +454,8 @@ class Ledger:
             s.execute(update(TrialRow).where(mine).values(owner=None).execution_options(synchronize_session=False))
             s.execute(
                 update(StudyRow)
-                .where(StudyRow.search_owner == submission)
-                .values(search_owner=None)
+                .where(StudyRow.owner == submission)
+                .values(owner=None)
                 .execution_options(synchronize_session=False)
             )
             by = "by the submitting process" if not died else "(the submitting process died)"
@@ -627,6 +629,44 @@ class Ledger:
         q = select(SearchPointRow).where(SearchPointRow.study == study)
         with self.session() as s:
             return list(s.scalars(q.order_by(SearchPointRow.search, SearchPointRow.number)))
+
+    # --- sequential studies (`seeds: {start, max}`, orchestrate/waves.py) ----------------------------
+
+    def record_look(
+        self, study: str, look: dict[str, Any], claims: list[dict[str, Any]], trials: list[tuple[str, str, int]]
+    ) -> None:
+        """A look of a sequential study, its claims, and the trials (key, cell_hash, seed) of the wave it adds, in
+        one transaction: after a crash the ledger holds the look and its wave, or neither. Raises StudyrunnerError
+        when the look is already recorded (another process took it)."""
+        try:
+            with self.session() as s, s.begin():
+                s.add(LookRow(study=study, **look))
+                s.flush()
+                for row in claims:
+                    s.add(LookClaimRow(study=study, look=look["number"], **_json_safe(row)))
+                for key, cell_hash, seed in trials:
+                    s.add(TrialRow(trial_key=key, study=study, cell_hash=cell_hash, seed=seed))
+        except IntegrityError:
+            raise StudyrunnerError(
+                f"look {look['number']} of study {study!r} was recorded by another process meanwhile; submit again "
+                "to continue from it"
+            ) from None
+
+    def looks(self, study: str) -> list[tuple[LookRow, list[LookClaimRow]]]:
+        """The study's looks in order, each with its claims in the study file's order."""
+        with self.session() as s:
+            looks = list(s.scalars(select(LookRow).where(LookRow.study == study).order_by(LookRow.number)))
+            claims = list(
+                s.scalars(
+                    select(LookClaimRow)
+                    .where(LookClaimRow.study == study)
+                    .order_by(LookClaimRow.look, LookClaimRow.claim)
+                )
+            )
+        by_look: dict[int, list[LookClaimRow]] = {}
+        for row in claims:
+            by_look.setdefault(row.look, []).append(row)
+        return [(look, by_look.get(look.number, [])) for look in looks]
 
     # --- reads -----------------------------------------------------------------------------------
 

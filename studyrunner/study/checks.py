@@ -64,6 +64,12 @@ def check_search(study, fail) -> None:
     search = study.search
     if search is None:
         return
+    if study.sequential is not None:
+        fail(
+            ("seeds",),
+            "a search runs each configuration on a fixed list of seeds; give `seeds:` as a list (sequential seeds "
+            "belong to grid studies with claims)",
+        )
     varied = {path: "grid" for path in study.grid}
     varied.update({path: f"zip[{g}]" for g, group in enumerate(study.zip) for path in group})
     for path, domain in search.space.items():

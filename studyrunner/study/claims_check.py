@@ -48,7 +48,7 @@ def check_claims(compiled: CompiledStudy, reports: Callable[[str], bool], report
                 if column == "baseline" or column in searched or (column == "cell" and searched):
                     continue  # derived per trial, or suggested by the search as it runs
                 if column == "seed":
-                    known = list(study.seeds)
+                    known = study.seed_values
                 elif column == "cell":
                     known = [c.label for c in compiled.cells]
                 else:

@@ -172,12 +172,13 @@ def compile_study(study: Study) -> CompiledStudy:
         axes.append(rows)
 
     combos = math.prod(len(axis) for axis in axes)
-    if combos * len(study.seeds) > MAX_TRIALS:
+    seeds = len(study.seed_values)
+    if combos * seeds > MAX_TRIALS:
         raise spec_error(
             source,
             node,
             ("grid",),
-            f"{combos:,} cells x {len(study.seeds)} seeds = {combos * len(study.seeds):,} trials; "
+            f"{combos:,} cells x {seeds} seeds = {combos * seeds:,} trials; "
             f"a study holds at most {MAX_TRIALS:,}: split it or use fewer axis values",
         )
     excluded = [{p: canonical_json(v) for p, v in partial.items()} for partial in study.exclude]
@@ -222,10 +223,22 @@ def compile_study(study: Study) -> CompiledStudy:
     if problem := resources_problem(study.resources, [c.config["train"] for c in cells]):
         raise spec_error(source, node, *problem)
 
+    if study.sequential is not None and not study.claims:
+        warnings.append(
+            str(
+                spec_error(
+                    source,
+                    node,
+                    ("seeds",),
+                    f"sequential seeds without claims: every cell runs its first {study.sequential.start} seeds and "
+                    "no more (no claim asks for more); add claims, or give the seeds to run as a list",
+                )
+            )
+        )
     trials = [
         Trial(trial_key(study.name, c.cell_hash, s), study.name, c.cell_hash, s, c.config, c.label)
         for c in cells
-        for s in study.seeds
+        for s in study.first_seeds
     ]
     compiled = CompiledStudy(study, cells, trials, warnings)
     check_feasible(compiled)
@@ -239,7 +252,7 @@ def _compile_search(study: Study, bases: list[Cell], warnings: list[str]) -> Com
     """A search study: every range must fit every grid cell it runs in (both ends and a point inside, each
     resolved as a grid value is); its cells come from suggestions, so it compiles to none yet."""
     search = study.search
-    total = len(bases) * search.n_trials * len(study.seeds)
+    total = len(bases) * search.n_trials * len(study.seed_values)
     if total > MAX_TRIALS:
         raise spec_error(
             study.source, study._node, ("search", "n_trials"), f"{total:,} trials; a study holds at most {MAX_TRIALS:,}"
@@ -294,6 +307,22 @@ def with_cells(compiled: CompiledStudy, cells: list[Cell]) -> CompiledStudy:
     trials = [
         Trial(trial_key(study.name, c.cell_hash, s), study.name, c.cell_hash, s, c.config, c.label)
         for c in added
-        for s in study.seeds
+        for s in study.first_seeds
     ]
     return CompiledStudy(study, compiled.cells + added, compiled.trials + trials, compiled.warnings, compiled.bases)
+
+
+def with_seeds(compiled: CompiledStudy, seeds: dict[str, int]) -> CompiledStudy:
+    """`compiled` with each cell's trials of seeds 0 .. seeds[cell_hash]-1 (a sequential study's waves: seeds in
+    order), those it lacks added after the others; cells not named keep theirs."""
+    study = compiled.study
+    have = {(t.cell_hash, t.seed) for t in compiled.trials}
+    added = [
+        Trial(trial_key(study.name, c.cell_hash, s), study.name, c.cell_hash, s, c.config, c.label)
+        for c in compiled.cells
+        for s in range(seeds.get(c.cell_hash, 0))
+        if (c.cell_hash, s) not in have
+    ]
+    if not added:
+        return compiled
+    return CompiledStudy(study, compiled.cells, compiled.trials + added, compiled.warnings, compiled.bases)

@@ -45,17 +45,33 @@ def dotted(loc: tuple[Any, ...]) -> str:
     return out or "<top level>"
 
 
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
 def _fields_at(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str] | None:
     """Valid keys of the (nested) pydantic model that `loc` points into, if known."""
     for part in loc:
         if model is None or not isinstance(part, str) or part not in model.model_fields:
             return None
         annotation = model.model_fields[part].annotation
-        members = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(members) == 1:  # an optional section (`search:`)
-            annotation = members[0]
-        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        # an optional section (`search:`), or a union with one mapping form (`seeds:` list or {start, max})
+        members = [
+            typing.get_args(a)[0] if typing.get_origin(a) is typing.Annotated else a
+            for a in typing.get_args(annotation)
+            if a is not type(None)
+        ]
+        if len(members) == 1 or sum(map(_is_model, members)) == 1:
+            annotation = next((m for m in members if _is_model(m)), members[0] if members else annotation)
+        model = annotation if _is_model(annotation) else None
     return sorted(model.model_fields) if model is not None else None
+
+
+def _without_union_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A location without the tag pydantic puts after a tagged union's field (`seeds.sequential.start`)."""
+    from .schema import SEEDS_TAGS
+
+    return tuple(p for i, p in enumerate(loc) if not (i and loc[i - 1] == "seeds" and p in SEEDS_TAGS))
 
 
 def _short(value: Any) -> str:
@@ -66,7 +82,7 @@ def _short(value: Any) -> str:
 def describe(err: ValidationError, model: type[BaseModel], prefix: tuple[Any, ...] = ()) -> tuple[tuple, str]:
     """(full loc, message) of the first error, phrased for a person editing the study file."""
     first = err.errors()[0]
-    loc = tuple(first["loc"])
+    loc = _without_union_tags(tuple(first["loc"]))
     full = prefix + loc
     kind = first["type"]
     if kind == "extra_forbidden":

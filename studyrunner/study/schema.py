@@ -11,15 +11,17 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BeforeValidator,
+    Discriminator,
     Field,
     PrivateAttr,
     SerializerFunctionWrapHandler,
+    Tag,
     field_validator,
     model_serializer,
     model_validator,
 )
 
-from ..params import StrictParams
+from ..params import StrictParams, _prepare
 from .claims_grammar import parse_claim, parse_rule
 from .search import SearchSection
 
@@ -440,6 +442,59 @@ class AnalysisSection(Strict):
     )
 
 
+MAX_SEQUENTIAL_SEEDS = 1000  # seeds a cell may reach under `seeds: {start, max}`; beyond it a fixed list says what runs
+
+
+class SequentialSeeds(Strict):
+    """`seeds: {start: 3, max: 12}`: seeds on demand until the study's claims are decided (orchestrate/waves.py,
+    analysis/sequential.py). Seeds are 0, 1, 2, ... in order, so a trial's key is the one a `seeds:` list
+    holding its seed gives."""
+
+    start: int = Field(
+        ge=2, le=MAX_SEQUENTIAL_SEEDS, description="Seeds every cell runs first (0 .. start-1); at least 2."
+    )
+    max: int = Field(
+        ge=2,
+        le=MAX_SEQUENTIAL_SEEDS,
+        description="The most seeds a cell runs; a claim still undecided at max ends inconclusive.",
+    )
+    step: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_SEQUENTIAL_SEEDS,
+        description="Seeds added per wave to each cell an undecided claim selects; unset: as many as fill the "
+        "cluster's free trial slots (at least 1).",
+    )
+    spending: Literal["obrien_fleming", "pocock"] = Field(
+        "obrien_fleming",
+        description="Alpha-spending function of the group-sequential design (Lan-DeMets): obrien_fleming spends "
+        "little at early looks, pocock evenly.",
+    )
+
+    @model_validator(mode="after")
+    def _max_not_below_start(self) -> SequentialSeeds:
+        if self.max < self.start:
+            raise ValueError(f"max ({self.max}) must be at least start ({self.start})")
+        return self
+
+
+def _seeds_kind(value: Any) -> str | None:
+    if isinstance(value, dict | SequentialSeeds):
+        return "sequential"
+    return "list" if isinstance(value, list) else None
+
+
+SeedsField = Annotated[
+    Annotated[list[int], Tag("list")] | Annotated[SequentialSeeds, Tag("sequential")],
+    Discriminator(
+        _seeds_kind,
+        custom_error_type="seeds",
+        custom_error_message="give a list of seeds, e.g. [0, 1, 2], or sequential seeds, e.g. {start: 3, max: 12}",
+    ),
+]
+SEEDS_TAGS = ("list", "sequential")  # the union's tags, which error messages leave out of a field's path
+
+
 def _check_claim(text: str) -> str:
     parse_claim(text)  # a GrammarError (a ValueError) names the position of the problem
     return text
@@ -471,7 +526,12 @@ class Study(Strict):
         description="Extra cells beyond the grid: each a partial config (dotted path -> value) applied to the "
         "base config, e.g. one family's ablation beside a grid over model.family.",
     )
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    seeds: SeedsField = Field(
+        default_factory=lambda: [0],
+        description="The seeds each cell runs: a list, e.g. [0, 1, 2]; or {start, max, step, spending}: the first "
+        "`start` seeds, then more in waves to the cells the undecided claims select, until every claim is decided "
+        "or `max` (docs/analysis/sequential.md).",
+    )
     search: SearchSection | None = Field(
         None,
         description="An Optuna search over study-file paths (README, Searches): n_trials configurations, each run "
@@ -539,9 +599,33 @@ class Study(Strict):
             raise ValueError("each baseline kind at most once")
         return kinds
 
+    @property
+    def sequential(self) -> SequentialSeeds | None:
+        """The sequential design (`seeds: {start, max}`), None for a list of seeds."""
+        return self.seeds if isinstance(self.seeds, SequentialSeeds) else None
+
+    @property
+    def seed_values(self) -> list[int]:
+        """Every seed a cell may run: the list, or 0 .. max-1 of a sequential design."""
+        return list(range(self.seeds.max)) if self.sequential else list(self.seeds)
+
+    @property
+    def first_seeds(self) -> list[int]:
+        """The seeds every cell runs from the first submit: the list, or 0 .. start-1 of a sequential design."""
+        return list(range(self.seeds.start)) if self.sequential else list(self.seeds)
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _integral_seeds(cls, seeds: Any) -> Any:
+        return _prepare(list[int], seeds) if isinstance(seeds, list) else seeds
+
     @field_validator("seeds")
     @classmethod
-    def _seeds_unique(cls, seeds: list[int]) -> list[int]:
+    def _seeds_unique(cls, seeds: list[int] | SequentialSeeds) -> list[int] | SequentialSeeds:
+        if isinstance(seeds, SequentialSeeds):
+            return seeds
+        if not seeds:
+            raise ValueError("give at least one seed")
         if len(set(seeds)) != len(seeds):
             raise ValueError("seeds must be unique")
         if any(s < 0 or s > MAX_SEED for s in seeds):

@@ -126,9 +126,11 @@ def test_a_sequential_study_runs_from_one_submit_at_a_time(tmp_path):
     ledger = Ledger(ws.db_url)
     compiled = compile_study(loads(sequential_text("alone")))
     ledger.register(compiled)
-    ledger.open_submission("alone", "submit")  # a live submit (this process) runs it
-    with pytest.raises(StudyrunnerError, match=r"is a sequential study and is being run by another process .*cancel"):
-        run(sequential_text("alone"), ws)
+    holder = ledger.open_submission("alone", "submit")  # a live submit (this process) holds it
+    assert ledger.claim_owner("alone", holder) is None
+    result, said = run(sequential_text("alone"), ws)
+    assert result.study_busy and result.ran == 0 and ledger.trials("alone")[0].attempts == 0
+    assert "another submit runs this sequential study" in said and "cancel alone" in said
 
 
 def test_a_list_of_seeds_or_no_claims_behaves_as_before(ray_session, tmp_path):

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
+from ..urls import mask_text, mask_url, without_password
+
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"  # MLflow's value for "machine learning / model training"
 DEFAULT_UI = "http://127.0.0.1:5000"  # `studyrunner ui`'s default address
@@ -21,9 +23,10 @@ STUDY_RUN_KIND = "study"
 
 def ui_base(tracking_uri_or_base_url: str | None) -> str:
     """An http(s) tracking URI is its own UI; any other store (SQLite, PostgreSQL) is served by
-    `studyrunner ui`, on DEFAULT_UI unless given another address."""
+    `studyrunner ui`, on DEFAULT_UI unless given another address. A server's password is left out: the link
+    goes into reports and MLflow, and the browser asks for it."""
     if tracking_uri_or_base_url and tracking_uri_or_base_url.startswith(("http://", "https://")):
-        return tracking_uri_or_base_url.rstrip("/")
+        return without_password(tracking_uri_or_base_url.rstrip("/"))
     return DEFAULT_UI
 
 
@@ -75,5 +78,8 @@ def log_study_run(tracking_uri: str, study: str, experiment_id: str | None, file
         raise
     except Exception as exc:  # noqa: BLE001 - MLflow raises many types for store problems
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise StudyrunnerError(f"cannot log the report to MLflow at {tracking_uri!r}: {first}") from None
+        where = mask_url(tracking_uri)
+        raise StudyrunnerError(
+            f"cannot log the report to MLflow at {where!r}: {mask_text(first, tracking_uri)}"
+        ) from None
     return run_id

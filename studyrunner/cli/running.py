@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import StudyrunnerError
+from ..urls import mask_url
 from .common import (
     AddressOpt,
     DbOpt,
@@ -102,7 +103,8 @@ def _run_and_report(run, ws, study_name: str) -> None:
     else:
         err.print(f"{escape(result.study)}: nothing to run")
     _print_summary(ws, study_name)
-    err.print(f"ledger: {ws.db_url}\nMLflow: {ws.tracking_uri}  ({ws.hint('ui')})", markup=False, highlight=False)
+    where = f"ledger: {mask_url(ws.db_url)}\nMLflow: {mask_url(ws.tracking_uri)}  ({ws.hint('ui')})"
+    err.print(where, markup=False, highlight=False)
     if result.interrupted:
         err.print(f"resume with: {resume_hint}  (runs only what has not finished)", markup=False)
         raise typer.Exit(130)

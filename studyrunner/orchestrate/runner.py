@@ -25,6 +25,7 @@ from ..store.ledger import STALE_AFTER_S, SUBMIT_RUNS
 from ..store.ledger import probe as probe_ledger
 from ..study import CompiledStudy
 from ..study.extension import changed_fields
+from ..urls import mask_text, mask_url
 from ..workspace import Workspace, checkpoint_location
 from .capacity import check_cluster_fits, concurrent_runs, trial_resources, trials_at_once
 from .driver_callback import CancelStopper
@@ -426,7 +427,8 @@ def _open_tracking(compiled, to_run, ledger: Ledger, tracker: Tracker, workspace
             if attempt == 3:
                 first = str(exc).strip().splitlines()[0]
                 raise StudyrunnerError(
-                    f"cannot use MLflow tracking store {workspace.tracking_uri!r}: {first}"
+                    f"cannot use MLflow tracking store {mask_url(workspace.tracking_uri)!r}: "
+                    f"{mask_text(first, workspace.tracking_uri)}"
                 ) from None
             time.sleep(0.5 * (attempt + 1))
     ledger.set_experiment(study.name, experiment_id)

@@ -20,6 +20,7 @@ from typing import Any
 from .. import __version__
 from ..errors import StudyrunnerError
 from ..study import Cell, Trial, flatten_config
+from ..urls import mask_text, mask_url
 
 MAX_PARAM_LEN = 6000  # MLflow's limit for a param value
 # The ledger's trial status as an MLflow run status (the `status` tag says which of them it was).
@@ -177,8 +178,10 @@ class Tracker:
                 # Two submits on a fresh workspace race through MLflow's own table creation and
                 # migrations; the loser finds the store ready a moment later.
                 if attempt == 5 or scheme not in ("sqlite", "postgresql", "mysql", "mssql"):
-                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                    raise StudyrunnerError(f"cannot open MLflow tracking store {tracking_uri!r}: {first}") from None
+                    first = mask_text((str(exc).strip().splitlines() or [type(exc).__name__])[0], tracking_uri)
+                    raise StudyrunnerError(
+                        f"cannot open MLflow tracking store {mask_url(tracking_uri)!r}: {first}"
+                    ) from None
                 time.sleep(0.5 * (attempt + 1))
 
     @staticmethod
@@ -190,8 +193,8 @@ class Tracker:
             with create_engine(uri).connect():
                 pass
         except Exception as exc:  # noqa: BLE001 - drivers raise their own types
-            first = str(exc).strip().splitlines()[0]
-            raise StudyrunnerError(f"cannot open MLflow tracking store {uri!r}: {first}") from None
+            first = mask_text(str(exc).strip().splitlines()[0], uri)
+            raise StudyrunnerError(f"cannot open MLflow tracking store {mask_url(uri)!r}: {first}") from None
 
     @staticmethod
     def _check_server(uri: str) -> None:
@@ -207,7 +210,7 @@ class Tracker:
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise StudyrunnerError(
-                f"cannot reach MLflow tracking server {uri!r}: {reason} "
+                f"cannot reach MLflow tracking server {mask_url(uri)!r}: {mask_text(str(reason), uri)} "
                 "(start it, or check --tracking-uri / MLFLOW_TRACKING_URI)"
             ) from None
 

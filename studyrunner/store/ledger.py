@@ -26,6 +26,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQL
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import StudyrunnerError
+from ..urls import mask_text, mask_url
 from . import longform, schema
 from .db import (
     FINISHED,
@@ -110,24 +111,27 @@ def _sqlite_path(url: str) -> Path | None:
 
 @contextmanager
 def database_errors(url: str, option: str = "--db / STUDYRUNNER_DB") -> Iterator[None]:
-    """Opening a database: every way it fails is one line naming the URL and the option to mend."""
+    """Opening a database: every way it fails is one line naming the URL (its password masked, also where the
+    driver's message quotes it) and the option to mend."""
+    shown = mask_url(url)
     try:
         yield
     except StudyrunnerError:
         raise
     except NoSuchModuleError:
         raise StudyrunnerError(
-            f"cannot open results database {url!r}: not a database URL SQLAlchemy knows ({option}); "
+            f"cannot open results database {shown!r}: not a database URL SQLAlchemy knows ({option}); "
             "use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
         ) from None
     except ImportError as exc:
         raise StudyrunnerError(
-            f"{option}: cannot open {url!r}: its database driver is not installed ({exc}); "
+            f"{option}: cannot open {shown!r}: its database driver is not installed ({mask_text(str(exc), url)}); "
             "install it (postgresql: EXTRAS=dev,postgres ./setup.sh) or use sqlite:///PATH"
         ) from None
     except (ArgumentError, SQLAlchemyError, OSError, sqlite3.Error) as exc:
         first = str(exc.args[0] if exc.args else exc).strip().splitlines()[0]
-        raise StudyrunnerError(f"cannot open results database {url!r}: {first} (check {option})") from None
+        first = mask_text(first, url)
+        raise StudyrunnerError(f"cannot open results database {shown!r}: {first} (check {option})") from None
 
 
 def open_engine(url: str, *, read_only: bool = False) -> tuple[Engine, str | None]:
@@ -185,7 +189,8 @@ class Ledger:
             if schema.current(self.engine, url) is None:
                 if not create or read_only:
                     raise StudyrunnerError(
-                        f"{url!r} holds no studyrunner ledger (check --db / STUDYRUNNER_DB, or submit a study first)"
+                        f"{mask_url(url)!r} holds no studyrunner ledger (check --db / STUDYRUNNER_DB, or submit a "
+                        "study first)"
                     )
                 schema.create(self.engine)
             schema.check_current(self.engine, url)
@@ -585,7 +590,7 @@ class Ledger:
             row = s.get(StudyRow, name)
         if row is None:
             known = ", ".join(r.name for r in self.studies()) or "none yet"
-            raise StudyrunnerError(f"no study named {name!r} in {self.url}; known studies: {known}")
+            raise StudyrunnerError(f"no study named {name!r} in {mask_url(self.url)}; known studies: {known}")
         return row
 
     def cells(self, study: str) -> list[CellRow]:

@@ -20,6 +20,8 @@ from sqlalchemy import Engine, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import StudyrunnerError
+from ..urls import mask_url
+from ..workspace import hint
 from .db import Base
 
 FIRST = "0001"  # the schema of the first release, which had no version table
@@ -51,7 +53,7 @@ def current(engine: Engine, url: str = "") -> str | None:
     Raises StudyrunnerError, naming the database, for one that holds other tables (an app's, MLflow's,
     Optuna's), and for a ledger whose recorded revision is missing, recorded twice or unknown to this
     studyrunner (a newer one wrote it)."""
-    where = url or engine.url.render_as_string(hide_password=True)
+    where = mask_url(url) if url else engine.url.render_as_string(hide_password=True)
     tables = set(inspect(engine).get_table_names())
     if not tables - {VERSION_TABLE}:
         return None
@@ -127,6 +129,6 @@ def check_current(engine: Engine, url: str) -> None:
     rev, newest = current(engine, url), head()
     if rev != newest:
         raise StudyrunnerError(
-            f"the ledger {url!r} is at schema revision {rev}, this studyrunner needs {newest}: "
-            f"back it up if you like, then run: studyrunner db upgrade --db '{url}'"
+            f"the ledger {mask_url(url)!r} is at schema revision {rev}, this studyrunner needs {newest}: "
+            f"back it up if you like, then run: {hint('db', 'upgrade', flags=(('--db', url),))}"
         )

@@ -63,13 +63,18 @@ def db_upgrade(db: DbOpt = None, workspace: WorkspaceOpt = None):
     """Upgrade an existing ledger to the schema this studyrunner needs (keeps every row)."""
     from ..store import schema as ledger_schema
 
-    url, engine, errors = _db_engine(workspace, db, read_only=False)
+    # What the database is, read without writing a byte: one that is not a ledger is refused as it was.
+    url, reader, errors = _db_engine(workspace, db, read_only=True)
     with errors:
-        if ledger_schema.current(engine, url) is None:
-            raise StudyrunnerError(
-                f"{mask_url(url)!r} holds no studyrunner ledger: nothing to upgrade "
-                "(`studyrunner submit` creates a new one)"
-            )
+        try:
+            if ledger_schema.current(reader, url) is None:
+                raise StudyrunnerError(
+                    f"{mask_url(url)!r} holds no studyrunner ledger: nothing to upgrade "
+                    "(`studyrunner submit` creates a new one)"
+                )
+        finally:
+            reader.dispose()
+        _url, engine, _errors = _db_engine(workspace, db, read_only=False)
         before, after = ledger_schema.upgrade(engine, url)
     message = "already at" if before == after else f"upgraded from {before} to"
     err.print(f"{mask_url(url)}: {message} revision {after}", markup=False)

@@ -203,13 +203,14 @@ def cancel(study: str, workspace: Workspace) -> tuple[int, int]:
 
 
 def _open_stores(workspace: Workspace, create: bool = True) -> tuple[Ledger, Tracker]:
-    # Every location is checked before anything is written, so a bad one leaves no trace: storage and the
-    # ledger's URL first, then the tracking store (opening it creates an SQLite one), then the ledger.
+    # Every location is checked before anything is written, so a bad one leaves no trace: the ledger's URL
+    # (read only) and storage first, then the tracking store (opening it creates an SQLite one), then the ledger.
+    if create:
+        probe_ledger(workspace.db_url)
     workspace.check_storage()
     if not create:
         ledger = Ledger(workspace.db_url, create=False)
         return ledger, Tracker(workspace.tracking_uri)
-    probe_ledger(workspace.db_url)
     tracker = Tracker(workspace.tracking_uri)
     workspace.ensure()
     return Ledger(workspace.db_url), tracker

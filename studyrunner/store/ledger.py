@@ -150,14 +150,23 @@ def open_engine(url: str, *, read_only: bool = False) -> tuple[Engine, str | Non
 
 
 def probe(url: str) -> None:
-    """Check that a ledger URL can be used, writing nothing: the URL parses, its driver is installed and a
-    server database answers (an SQLite file is created only when the ledger is). One line if not."""
+    """Check that a ledger URL can be used, writing nothing: the URL parses, its driver is installed, a
+    server database answers, and an SQLite file that exists is a ledger or empty (read-only: a file that is
+    not a ledger is refused as it was; one is created only when the ledger is). One line if not."""
     with database_errors(url):
         parsed = make_url(url)
         parsed.get_dialect()
         if parsed.get_backend_name() != "sqlite":
             with make_engine(url).connect():
                 pass
+            return
+        path = _sqlite_path(url)
+        if path is not None and path.is_file() and path.stat().st_size > 0:
+            engine, _mode = sqlite_reader(url)
+            try:
+                schema.current(engine, url)
+            finally:
+                engine.dispose()
 
 
 class Ledger:

@@ -22,7 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..errors import StudyrunnerError
 from ..urls import mask_url
 from ..workspace import hint
-from .db import Base
+from .db import LEDGER_TABLES, Base
 
 FIRST = "0001"  # the schema of the first release, which had no version table
 
@@ -38,8 +38,6 @@ def head() -> str:
     return ScriptDirectory.from_config(_config()).get_current_head()
 
 
-# The tables that make a database a ledger (a database holding other tables is never made into one).
-LEDGER_TABLES = frozenset({"studies", "cells", "trials"})
 VERSION_TABLE = "alembic_version"
 
 

@@ -10,15 +10,18 @@ import json
 import logging
 import math
 import os
+import sqlite3
 import subprocess
 import time
 import warnings
 from functools import cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from .. import __version__
 from ..errors import StudyrunnerError
+from ..store.lock import sqlite_file, stores_lock
 from ..study import Cell, Trial, flatten_config
 from ..urls import mask_text, mask_url
 
@@ -152,14 +155,53 @@ def _params(config: dict[str, Any], seed: int | None = None) -> dict[str, str]:
     return {k: (json.dumps(v) if isinstance(v, list | tuple) else str(v))[:MAX_PARAM_LEN] for k, v in flat.items()}
 
 
+def check_half_made(tracking_uri: str) -> None:
+    """After MLflow failed to open an SQLite store: if a command that stopped (or, before stores_lock, raced
+    another) while creating or migrating it left it half-made (a leftover `_alembic_tmp_*` table, or tables
+    without a recorded schema revision), say so in one line with how to mend it, instead of MLflow's
+    `table _alembic_tmp_... already exists` at every command. Reads the file only; says nothing of an empty,
+    missing or sound store (a store at an older revision: MLflow's own message says `mlflow db upgrade`)."""
+    path = sqlite_file(tracking_uri)
+    if path is None or not path.is_file() or path.stat().st_size == 0:
+        return
+    try:
+        con = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=30)
+        try:
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            versioned = (
+                "alembic_version" in tables and con.execute("SELECT count(*) FROM alembic_version").fetchone()[0]
+            )
+            runs = con.execute("SELECT count(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return  # unreadable here: MLflow's own open says why
+    leftovers = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
+    if not tables or (versioned and not leftovers):
+        return
+    plural = "s" if len(leftovers) > 1 else ""
+    why = f"leftover table{plural} {', '.join(leftovers)}" if leftovers else "no schema revision recorded"
+    beside = [p.name for p in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")) if p.exists()]
+    if runs == 0:
+        files = " and ".join([path.name, *beside])
+        mend = f"it holds no runs: delete {files} (in {path.parent}) and run the command again"
+    else:
+        drops = "; ".join(f"DROP TABLE {t}" for t in leftovers)
+        mend = f"it holds {runs} run{'s' if runs > 1 else ''}: back it up, " + (
+            f"run sqlite3 {path} '{drops}', then " if drops else "then "
+        )
+        mend += f"mlflow db upgrade sqlite:///{path}"
+    raise StudyrunnerError(
+        f"the MLflow store {str(path)!r} is half-made ({why}: a command stopped while creating or migrating it); {mend}"
+    )
+
+
 class Tracker:
     def __init__(self, tracking_uri: str):
         # First use of a store runs migrations, which MLflow and alembic announce at INFO.
         for name in ("alembic", "mlflow.store.db.utils"):
             logging.getLogger(name).setLevel(logging.WARNING)
         warnings.filterwarnings("ignore", message="Unnamed CHECK constraint", category=UserWarning)
-        from mlflow import MlflowClient
-
         self.uri = tracking_uri
         if tracking_uri.startswith("sqlite:///"):
             Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
@@ -168,6 +210,14 @@ class Tracker:
             self._check_reachable(tracking_uri)
         elif scheme in ("http", "https"):
             self._check_server(tracking_uri)
+        # An SQLite store is made by one command at a time: two submits into a new workspace raced through
+        # MLflow's migrations and left `_alembic_tmp_*` tables behind.
+        with stores_lock(tracking_uri):
+            self._open(tracking_uri, scheme)
+
+    def _open(self, tracking_uri: str, scheme: str) -> None:
+        from mlflow import MlflowClient
+
         for attempt in range(6):
             try:
                 self.client = MlflowClient(tracking_uri)
@@ -175,8 +225,9 @@ class Tracker:
                     self.client.search_experiments(max_results=1)  # creates or migrates the store now
                 break
             except Exception as exc:  # noqa: BLE001 - MLflow raises many types for a bad URI
-                # Two submits on a fresh workspace race through MLflow's own table creation and
-                # migrations; the loser finds the store ready a moment later.
+                check_half_made(tracking_uri)  # no use retrying: say how to mend it
+                # Two submits racing through MLflow's table creation on a database server: the loser finds
+                # the store ready a moment later (an SQLite store is made under stores_lock).
                 if attempt == 5 or scheme not in ("sqlite", "postgresql", "mysql", "mssql"):
                     first = mask_text((str(exc).strip().splitlines() or [type(exc).__name__])[0], tracking_uri)
                     raise StudyrunnerError(

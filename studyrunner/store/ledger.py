@@ -197,8 +197,12 @@ class Ledger:
                 self.engine, self.read_mode = open_engine(url, read_only=read_only)
             if schema.current(self.engine, url) is None:
                 if not create or read_only:
+                    empty = path is not None and path.is_file() and path.stat().st_size == 0
                     raise StudyrunnerError(
-                        f"{mask_url(url)!r} holds no studyrunner ledger (check --db / STUDYRUNNER_DB, or submit a "
+                        f"{path} is empty (0 bytes: a submit stopped before it made the ledger there); `studyrunner "
+                        "submit` makes it, or delete the file"
+                        if empty
+                        else f"{mask_url(url)!r} holds no studyrunner ledger (check --db / STUDYRUNNER_DB, or submit a "
                         "study first)"
                     )
                 schema.create(self.engine)

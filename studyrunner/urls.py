@@ -29,6 +29,10 @@ SECRET_NAMES = frozenset({"sig", "key", "auth", "pass"})
 # `scheme://user:password@host` anywhere in a text: the password runs to the last '@' before whitespace or
 # a quote (an AWS secret key may hold an unescaped '/'), unless it is a port (`host:8080/path@x`).
 _USERINFO = re.compile(r"(?P<head>\b[A-Za-z][\w+.-]*://[^\s:/@'\"]*:)(?!\d+(?:/|$))(?P<secret>[^\s'\"]+)(?=@)")
+# `user:password@host` without a well-formed scheme before it (`postgresql//sr:pw@db`, a URL typed wrong).
+_BARE_USERINFO = re.compile(
+    r"(?P<head>(?:^|(?<=[\s/'\"(]))[\w.+-]+:)(?!\d+(?:/|$))(?P<secret>[^\s/'\"@]+)(?=@[\w.\[-])"
+)
 _QUERY = re.compile(r"(?P<head>(?:^|[?&;\s])(?P<name>[\w.-]+)=)(?P<value>[^&;\s'\"]+)")
 
 
@@ -89,7 +93,7 @@ def passwords(*urls: str | None) -> list[str]:
     found: set[str] = set()
     for url in filter(None, urls):
         try:
-            secrets = [m["secret"] for m in _USERINFO.finditer(url)]
+            secrets = [m["secret"] for pattern in (_USERINFO, _BARE_USERINFO) for m in pattern.finditer(url)]
             secrets += [m["value"] for m in _QUERY.finditer(url.split("?", 1)[-1]) if _secret_name(m["name"])]
             if url.split("://", 1)[0].split("+", 1)[0].lower() in DATABASE_SCHEMES:
                 from sqlalchemy import make_url
@@ -110,6 +114,7 @@ def mask_text(text: str, *urls: str | None) -> str:
     try:
         text = str(text)
         text = _USERINFO.sub(lambda m: m["head"] + MASK, text)
+        text = _BARE_USERINFO.sub(lambda m: m["head"] + MASK, text)
         text = _QUERY.sub(lambda m: m["head"] + MASK if _secret_name(m["name"]) else m[0], text)
         # Whole words only (a password `postgres` leaves `postgresql` be), and none shorter than 3 characters
         # (they would mask ordinary words; the patterns above still hide them inside a URL).

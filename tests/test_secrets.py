@@ -15,6 +15,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -113,7 +115,13 @@ def test_a_password_in_a_url_is_never_printed_or_stored(pg, tmp_path):
     ):
         proc = run(*args, code=1)
         assert "***" in proc.stderr, printed[-1]
-    ui_args = _serve_ui(where, printed)
+    with serving_ui(where, printed) as (port, ui_args):
+        # MLflow's own server, with the password in its URL (basic auth): `report` links runs there and logs to it
+        server = f"http://sr:{PASSWORD}@127.0.0.1:{port}"
+        report = sr("report", "tiny", *where[:2], "--tracking-uri", server, "--out", str(tmp_path / "report-http"))
+        printed.append(f"$ studyrunner report\n{report.stdout}{report.stderr}")
+        assert report.returncode == 0 and "logged to MLflow run" in report.stderr, printed[-1]
+    assert "http://sr@127.0.0.1" in (tmp_path / "report-http" / "tiny-report.html").read_text()  # run links
 
     console = "\n".join(printed)
     assert PASSWORD not in console, [block for block in printed if PASSWORD in block][0]
@@ -121,12 +129,14 @@ def test_a_password_in_a_url_is_never_printed_or_stored(pg, tmp_path):
     assert (ws / "reports" / "tiny-report.html").is_file()
     assert list(ws.glob("mlartifacts/**/tiny-report.html"))  # the report as uploaded to MLflow
     assert files_holding(ws, PASSWORD) == []  # report, MLflow artifacts, curves, checkpoints, Ray's files, logs
+    assert files_holding(tmp_path / "report-http", PASSWORD) == []
     for database in ("ledger", "mlflow"):  # params, tags, messages: nothing stores it
         assert PASSWORD not in pg["dump"](database).stdout
 
 
-def _serve_ui(where: tuple[str, ...], printed: list[str]) -> str:
-    """Start `ui` on the PostgreSQL stores, wait until it serves, and return its MLflow server's command line."""
+@contextmanager
+def serving_ui(where: tuple[str, ...], printed: list[str]) -> Iterator[tuple[int, str]]:
+    """`ui` on the PostgreSQL stores, serving: (its port, its MLflow server's command line); stopped after."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -147,12 +157,12 @@ def _serve_ui(where: tuple[str, ...], printed: list[str]) -> str:
             if servers and _answers(port):
                 args = "\n".join(servers)
             time.sleep(1)
+        assert args, "`ui` did not serve"
+        yield port, args
     finally:
         os.killpg(proc.pid, 15)
         out, err = proc.communicate(timeout=60)
         printed.append(f"$ studyrunner ui\n{out}{err}")
-    assert args, f"`ui` did not serve: {err}"
-    return args
 
 
 def _descendants(pid: int) -> list[str]:
@@ -190,6 +200,7 @@ def _answers(port: int) -> bool:
         ("http://host:8080/p@x", "http://host:8080/p@x"),  # a port, not a password
         ("/a/local/folder", "/a/local/folder"),
         ("postgresql+psycopg://sr:pw@[::1", "postgresql+psycopg://sr:***@[::1"),  # unparsable: masked as text
+        ("postgresql+psycopg//sr:pw@db/l", "postgresql+psycopg//sr:***@db/l"),  # a ':' missing
         ("", ""),
     ],  # fmt: skip
 )

@@ -67,15 +67,21 @@ def db_upgrade(db: DbOpt = None, workspace: WorkspaceOpt = None):
     url, reader, errors = _db_engine(workspace, db, read_only=True)
     with errors:
         try:
-            if ledger_schema.current(reader, url) is None:
-                raise StudyrunnerError(
-                    f"{mask_url(url)!r} holds no studyrunner ledger: nothing to upgrade "
-                    "(`studyrunner submit` creates a new one)"
-                )
+            before = ledger_schema.current(reader, url)
         finally:
             reader.dispose()
-        _url, engine, _errors = _db_engine(workspace, db, read_only=False)
-        before, after = ledger_schema.upgrade(engine, url)
+        if before is None:
+            raise StudyrunnerError(
+                f"{mask_url(url)!r} holds no studyrunner ledger: nothing to upgrade "
+                "(`studyrunner submit` creates a new one)"
+            )
+        after = ledger_schema.head()
+        if before != after:  # only now opened for writing (a current ledger on a read-only mount is fine)
+            from ..store import Ledger
+
+            Ledger.check_writable(url)
+            _url, engine, _errors = _db_engine(workspace, db, read_only=False)
+            before, after = ledger_schema.upgrade(engine, url)
     message = "already at" if before == after else f"upgraded from {before} to"
     err.print(f"{mask_url(url)}: {message} revision {after}", markup=False)
 

@@ -58,7 +58,7 @@ class MlflowGuard:
         clock: Callable[[], float] = time.monotonic,
         warn: Callable[[str], None] | None = None,
     ):
-        bound_http_retries()  # a single call against a dead server fails within seconds, not minutes
+        bound_http_retries(getattr(tracker, "uri", None))  # a call to a dead server fails in seconds, not minutes
         self._real_uri = getattr(tracker, "uri", None)
         self.uri = mask_url(self._real_uri) if self._real_uri else "the tracking store"  # as shown in messages
         self.retry_after_s = retry_after_s

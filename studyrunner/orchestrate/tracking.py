@@ -17,13 +17,13 @@ import warnings
 from functools import cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from .. import __version__
 from ..errors import StudyrunnerError
 from ..store.lock import sqlite_file, stores_lock
 from ..study import Cell, Trial, flatten_config
-from ..urls import mask_text, mask_url
+from ..urls import has_password, mask_text, mask_url
 
 MAX_PARAM_LEN = 6000  # MLflow's limit for a param value
 # The ledger's trial status as an MLflow run status (the `status` tag says which of them it was).
@@ -49,10 +49,13 @@ HTTP_DEFAULTS = {
 }
 
 
-def bound_http_retries() -> None:
-    """Apply HTTP_DEFAULTS for this process (MLflow reads them at every request)."""
+def bound_http_retries(uri: str | None = None) -> None:
+    """Apply HTTP_DEFAULTS for this process (MLflow reads them at every request). MLflow's "View run at: URL"
+    lines repeat the tracking URI as given: never for one with a password, whatever the user's setting."""
     for name, value in HTTP_DEFAULTS.items():
         os.environ.setdefault(name, value)
+    if uri and has_password(uri):
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
 
 
 def gone(exc: Exception) -> bool:
@@ -253,9 +256,12 @@ class Tracker:
         import urllib.error
         import urllib.request
 
-        bound_http_retries()  # for the rest of the run too
+        bound_http_retries(uri)  # for the rest of the run too
+        parts = urlsplit(uri)
+        # urllib would read `user:password@host` as the host name; /health answers without them (or a 401)
+        health = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/") + "/health"
         try:
-            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
+            urllib.request.urlopen(health, timeout=5).close()
         except urllib.error.HTTPError:
             pass  # something answers; MLflow itself will say if it is not a tracking server
         except (urllib.error.URLError, OSError, ValueError) as exc:

@@ -183,11 +183,8 @@ class Ledger:
         self.url = url
         self.read_mode: str | None = None
         path = _sqlite_path(url)
-        if not read_only and path is not None and path.is_file() and not _writable(path):
-            raise StudyrunnerError(
-                f"the results ledger {str(path)!r} cannot be written (a read-only location) and this command writes "
-                "to it: copy the workspace somewhere writable (status, results, analyze, verify, report read it as is)"
-            )
+        if not read_only:
+            self.check_writable(url)
         with database_errors(url):
             if create and not read_only:
                 if path is not None:
@@ -208,6 +205,16 @@ class Ledger:
                 schema.create(self.engine)
             schema.check_current(self.engine, url)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    @staticmethod
+    def check_writable(url: str) -> None:
+        """Before a command writes to an SQLite ledger: one line if its file cannot be written."""
+        path = _sqlite_path(url)
+        if path is not None and path.is_file() and not _writable(path):
+            raise StudyrunnerError(
+                f"the results ledger {str(path)!r} cannot be written (a read-only location) and this command writes "
+                "to it: copy the workspace somewhere writable (status, results, analyze, verify, report read it as is)"
+            )
 
     @property
     def read_note(self) -> str | None:

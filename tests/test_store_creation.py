@@ -124,6 +124,43 @@ def test_a_half_made_mlflow_store_is_named_with_how_to_mend_it(tmp_path, write_s
         assert "it holds 1 run: back it up" in line and f"mlflow db upgrade sqlite:///{store}" in line
 
 
+MLFLOW_MAKER = textwrap.dedent(
+    """
+    import sys
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401 - imported before "go"
+    from studyrunner.errors import StudyrunnerError
+    from studyrunner.orchestrate.tracking import Tracker
+
+    print("go", flush=True)
+    try:
+        Tracker(sys.argv[1])
+    except StudyrunnerError as exc:
+        sys.exit(f"error: {exc}")
+    """
+)
+
+
+def test_an_mlflow_store_killed_while_being_made_is_finished_or_named_with_how_to_mend_it(tmp_path):
+    """kill -9 at some moment of MLflow's migrations: the next command opens the store (MLflow continues its
+    migrations), or says it is half-made and to delete it; after that, the next one makes it anew."""
+    rng = random.Random(6)
+    for i in range(2):
+        uri = f"sqlite:///{tmp_path / f'mlflow-{i}.db'}"
+        run = [sys.executable, "-c", MLFLOW_MAKER, uri]
+        proc = subprocess.Popen(run, env=ENV, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "go"
+        time.sleep(rng.uniform(0.5, 6))
+        proc.kill()
+        proc.wait()
+        after = subprocess.run(run, env=ENV, capture_output=True, text=True)
+        if after.returncode != 0:
+            (line,) = after.stderr.strip().splitlines()[-1:]
+            assert "is half-made" in line and f"it holds no runs: delete mlflow-{i}.db" in line, after.stderr
+            (tmp_path / f"mlflow-{i}.db").unlink()
+            again = subprocess.run(run, env=ENV, capture_output=True, text=True)
+            assert again.returncode == 0, again.stderr
+
+
 def test_an_empty_ledger_file_says_what_made_it_and_how_to_mend_it(tmp_path):
     (tmp_path / "ledger.db").touch()  # a submit killed right after SQLite created the file
     result = CliRunner().invoke(app, ["status", "--workspace", str(tmp_path)])

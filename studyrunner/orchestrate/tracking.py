@@ -158,12 +158,14 @@ def _params(config: dict[str, Any], seed: int | None = None) -> dict[str, str]:
     return {k: (json.dumps(v) if isinstance(v, list | tuple) else str(v))[:MAX_PARAM_LEN] for k, v in flat.items()}
 
 
-def check_half_made(tracking_uri: str) -> None:
-    """After MLflow failed to open an SQLite store: if a command that stopped (or, before stores_lock, raced
-    another) while creating or migrating it left it half-made (a leftover `_alembic_tmp_*` table, or tables
-    without a recorded schema revision), say so in one line with how to mend it, instead of MLflow's
-    `table _alembic_tmp_... already exists` at every command. Reads the file only; says nothing of an empty,
-    missing or sound store (a store at an older revision: MLflow's own message says `mlflow db upgrade`)."""
+def check_half_made(tracking_uri: str, error: str = "") -> None:
+    """After MLflow failed (with `error`) to open an SQLite store: if a command that stopped (or, before
+    stores_lock, raced another) while creating or migrating it left it half-made, say so in one line with how to
+    mend it, instead of MLflow's `table ... already exists` at every command. Half-made: a leftover
+    `_alembic_tmp_*` table, tables without a recorded schema revision, or a migration that made a table (or
+    index) and did not record it (MLflow's `already exists`), or a store holding no runs whose schema stops
+    between two revisions. Reads the file only; says nothing of a missing, empty or sound store, nor of an older
+    store holding runs (MLflow's own message says to run `mlflow db upgrade`)."""
     path = sqlite_file(tracking_uri)
     if path is None or not path.is_file() or path.stat().st_size == 0:
         return
@@ -180,22 +182,30 @@ def check_half_made(tracking_uri: str) -> None:
     except sqlite3.Error:
         return  # unreadable here: MLflow's own open says why
     leftovers = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
-    if not tables or (versioned and not leftovers):
-        return
-    plural = "s" if len(leftovers) > 1 else ""
-    why = f"leftover table{plural} {', '.join(leftovers)}" if leftovers else "no schema revision recorded"
+    if leftovers:
+        why = f"leftover table{'s' if len(leftovers) > 1 else ''} {', '.join(leftovers)}"
+    elif tables and not versioned:
+        why = "no schema revision recorded"
+    elif "already exists" in error:
+        why = f"a migration made a table or index it did not record: {error}"
+    elif "out-of-date database schema" in error and runs == 0:  # stopped between two migrations
+        why = "its schema stops between two revisions: " + error.split(". ")[0].removeprefix("Detected ")
+    else:
+        return  # a sound store, or an older one holding runs (MLflow's own message says `mlflow db upgrade`)
     beside = [p.name for p in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")) if p.exists()]
     if runs == 0:
         files = " and ".join([path.name, *beside])
         mend = f"it holds no runs: delete {files} (in {path.parent}) and run the command again"
-    else:
+        if "out-of-date" in why:
+            mend += f" (or finish the migration: mlflow db upgrade sqlite:///{path})"
+    else:  # made by an older MLflow and stopped in `mlflow db upgrade`: MLflow's to finish
         drops = "; ".join(f"DROP TABLE {t}" for t in leftovers)
         mend = f"it holds {runs} run{'s' if runs > 1 else ''}: back it up, " + (
             f"run sqlite3 {path} '{drops}', then " if drops else "then "
         )
-        mend += f"mlflow db upgrade sqlite:///{path}"
+        mend += f"finish MLflow's migration (mlflow db upgrade sqlite:///{path})"
     raise StudyrunnerError(
-        f"the MLflow store {str(path)!r} is half-made ({why}: a command stopped while creating or migrating it); {mend}"
+        f"the MLflow store {str(path)!r} is half-made ({why}; a command stopped while creating or migrating it); {mend}"
     )
 
 
@@ -228,11 +238,11 @@ class Tracker:
                     self.client.search_experiments(max_results=1)  # creates or migrates the store now
                 break
             except Exception as exc:  # noqa: BLE001 - MLflow raises many types for a bad URI
-                check_half_made(tracking_uri)  # no use retrying: say how to mend it
+                first = mask_text((str(exc).strip().splitlines() or [type(exc).__name__])[0], tracking_uri)
+                check_half_made(tracking_uri, first)  # no use retrying: say how to mend it
                 # Two submits racing through MLflow's table creation on a database server: the loser finds
                 # the store ready a moment later (an SQLite store is made under stores_lock).
                 if attempt == 5 or scheme not in ("sqlite", "postgresql", "mysql", "mssql"):
-                    first = mask_text((str(exc).strip().splitlines() or [type(exc).__name__])[0], tracking_uri)
                     raise StudyrunnerError(
                         f"cannot open MLflow tracking store {mask_url(tracking_uri)!r}: {first}"
                     ) from None

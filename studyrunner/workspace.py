@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import StudyrunnerError
+from .urls import credential_note, has_password, mask_text, mask_url
 
 TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file", "databricks")
 
@@ -67,7 +68,9 @@ class Workspace:
             if value:
                 return value
             if env and root:
-                ignored.append(f"--workspace given, so {ENV[option]}={env} is not used (pass {option} to use it)")
+                ignored.append(
+                    f"--workspace given, so {ENV[option]}={mask_url(env)} is not used (pass {option} to use it)"
+                )
                 return default
             return env or default
 
@@ -111,9 +114,16 @@ class Workspace:
 
 
 def hint(verb: str, *args: str, flags: tuple[tuple[str, str], ...] = ()) -> str:
-    """A command line to print for the user: `studyrunner VERB ARGS --option value ...` (shell-quoted)."""
-    words = ["studyrunner", verb, *args, *(w for pair in flags for w in pair)]
-    return " ".join(shlex.quote(w) for w in words)
+    """A command line to print for the user: `studyrunner VERB ARGS --option value ...` (shell-quoted).
+
+    A location's password is shown as `***` (urls.mask_url), with a note on where to give it instead, so a
+    hint never repeats a password."""
+    words = ["studyrunner", verb, *args, *(w for option, value in flags for w in (option, mask_url(value)))]
+    line = " ".join(shlex.quote(w) for w in words)
+    hidden = [value for _option, value in flags if has_password(value)]
+    if hidden:
+        line += f"  (password hidden as ***: {credential_note(hidden[0])})"
+    return line
 
 
 def checkpoint_location(storage: str, study: str, trial_key: str) -> str:
@@ -135,7 +145,7 @@ def check_sqlite_url(url: str, option: str) -> None:
     path = path.removeprefix("/").split("?", 1)[0]
     if not path or path == ":memory:" or "mode=memory" in url:
         raise StudyrunnerError(
-            f"{option}: {url!r} is an in-memory SQLite database, which loses everything on exit; "
+            f"{option}: {mask_url(url)!r} is an in-memory SQLite database, which loses everything on exit; "
             "name a file, e.g. sqlite:///results/ledger.db"
         )
 
@@ -144,7 +154,7 @@ def check_tracking_uri(uri: str) -> None:
     scheme = uri.split("://", 1)[0].split("+", 1)[0] if "://" in uri else ""
     if "://" in uri and scheme not in TRACKING_SCHEMES:
         raise StudyrunnerError(
-            f"--tracking-uri / MLFLOW_TRACKING_URI: unknown scheme {scheme!r} in {uri!r}; "
+            f"--tracking-uri / MLFLOW_TRACKING_URI: unknown scheme {scheme!r} in {mask_url(uri)!r}; "
             f"use one of {', '.join(TRACKING_SCHEMES)} (or a local folder)"
         )
     check_sqlite_url(uri, "--tracking-uri / MLFLOW_TRACKING_URI")
@@ -154,11 +164,17 @@ def check_storage_uri(storage: str) -> None:
     """A storage URI is joined with sub-paths (curves/, checkpoints/, ray/, mlartifacts/) and handed to
     MLflow and Ray Tune as well, so it must be a plain location: pyarrow's options in a query string
     (`?endpoint_override=...`) would end up inside those paths, and MLflow would not read them."""
+    if "://" in storage and has_password(storage.split("?", 1)[0]):
+        raise StudyrunnerError(
+            f"--storage / STUDYRUNNER_STORAGE: {mask_url(storage)!r} carries a password; give the location without "
+            "it and the credentials in the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for S3): the "
+            "location is written into MLflow, Ray's files and the ledger's messages"
+        )
     if "://" in storage and not storage.startswith("file://") and "?" in storage:
         raise StudyrunnerError(
-            f"--storage / STUDYRUNNER_STORAGE: {storage!r} carries options after '?'; give the plain location "
-            f"({storage.split('?', 1)[0]}) and set them in the environment instead (AWS_ENDPOINT_URL for an "
-            "S3-compatible store's endpoint)"
+            f"--storage / STUDYRUNNER_STORAGE: {mask_url(storage)!r} carries options after '?'; give the plain "
+            f"location ({mask_url(storage.split('?', 1)[0])}) and set them in the environment instead "
+            "(AWS_ENDPOINT_URL for an S3-compatible store's endpoint)"
         )
 
 
@@ -190,4 +206,5 @@ def check_storage(storage: str) -> None:
         mend = "give a writable folder or a pyarrow filesystem URI such as s3://bucket/path"
         if storage.startswith("s3://") and not any(os.environ.get(v) for v in S3_ENDPOINT_ENV):
             mend += "; for an S3-compatible store that is not AWS (MinIO, ...), set AWS_ENDPOINT_URL"
-        raise StudyrunnerError(f"{option}: cannot write to {storage!r}: {_first_line(exc)} ({mend})") from None
+        first = mask_text(_first_line(exc), storage)
+        raise StudyrunnerError(f"{option}: cannot write to {mask_url(storage)!r}: {first} ({mend})") from None

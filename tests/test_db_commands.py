@@ -8,6 +8,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from conftest import TINY_STUDY
 from sqlalchemy import create_engine, inspect, text
 from test_ledger import postgres_url  # noqa: F401 - a fixture
 from typer.testing import CliRunner
@@ -60,6 +61,29 @@ def test_a_database_with_other_tables_is_refused_and_left_as_it_was(tmp_path, ki
     with pytest.raises(StudyrunnerError, match="holds tables .* but no studyrunner ledger"):
         Ledger(url)  # what submit opens: never made into a ledger
     assert tables(url) == before
+
+
+@pytest.mark.parametrize("kind", ["app", "mlflow"])
+def test_a_refused_database_keeps_its_bytes_and_journal_mode(tmp_path, kind):
+    """Issue 21 item 9: refusing a database must not change it first (`db upgrade` used to turn a foreign SQLite
+    file's journal from `delete` to `wal`). Every verb that opens a ledger leaves its bytes as they were and
+    creates nothing beside it; `submit` refuses it before making an MLflow store."""
+    path = tmp_path / f"{kind}.db"
+    url = app_database(path) if kind == "app" else mlflow_store(path)
+    with sqlite3.connect(path) as con:
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    before = path.read_bytes()
+    study = tmp_path / "tiny.yaml"
+    study.write_text(TINY_STUDY)
+    ws = tmp_path / "ws"
+    verbs = (["db", "upgrade"], ["db", "current"], ["status"], ["submit", str(study), "--workspace", str(ws)])
+    for verb in verbs:
+        code, lines = run(*verb, "--db", url)
+        assert code == 1 and "but no studyrunner ledger" in lines[-1], (verb, lines)
+        assert path.read_bytes() == before, verb
+        assert sorted(p.name for p in tmp_path.iterdir()) == [path.name, "tiny.yaml"], verb  # no -wal, -shm, ws
+    with sqlite3.connect(path) as con:
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
 
 
 def test_an_empty_database_has_no_ledger_to_upgrade(tmp_path):

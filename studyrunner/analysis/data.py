@@ -22,6 +22,7 @@ import pandas as pd
 from ..errors import SpecError, StudyrunnerError
 from ..store import CurveStore, Ledger
 from ..study.claims_grammar import GrammarError, Rule, parse_rule, selector_column, values_equal
+from ..urls import mask_url
 from .search import search_frame
 
 DONE = ("succeeded", "failed", "diverged")
@@ -238,7 +239,7 @@ def load(
         failure_rule=rule,
         missing=missing,
         experiment_id=row.mlflow_experiment_id,
-        source=str(path) if path.is_file() else f"ledger {ws.db_url}",
+        source=str(path) if path.is_file() else f"ledger {mask_url(ws.db_url)}",
         curve_store=CurveStore(ws.storage),
         cells_order=order,
         warnings=[

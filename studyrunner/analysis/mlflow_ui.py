@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
+from ..urls import has_password, mask_text, mask_url, without_password
+
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"  # MLflow's value for "machine learning / model training"
 DEFAULT_UI = "http://127.0.0.1:5000"  # `studyrunner ui`'s default address
@@ -21,9 +23,10 @@ STUDY_RUN_KIND = "study"
 
 def ui_base(tracking_uri_or_base_url: str | None) -> str:
     """An http(s) tracking URI is its own UI; any other store (SQLite, PostgreSQL) is served by
-    `studyrunner ui`, on DEFAULT_UI unless given another address."""
+    `studyrunner ui`, on DEFAULT_UI unless given another address. A server's password is left out: the link
+    goes into reports and MLflow, and the browser asks for it."""
     if tracking_uri_or_base_url and tracking_uri_or_base_url.startswith(("http://", "https://")):
-        return tracking_uri_or_base_url.rstrip("/")
+        return without_password(tracking_uri_or_base_url.rstrip("/"))
     return DEFAULT_UI
 
 
@@ -67,6 +70,10 @@ def log_study_run(tracking_uri: str, study: str, experiment_id: str | None, file
     store = Path(tracking_uri.removeprefix("sqlite:///")) if tracking_uri.startswith("sqlite:///") else None
     if store is not None and not (os.access(store, os.W_OK) and os.access(store.parent, os.W_OK)):
         raise StudyrunnerError(f"the MLflow store {str(store)!r} cannot be written (a read-only location)")
+    # MLflow prints "View run at: URL" (the URI as given, password and all) after a run it ends on a server
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    if has_password(tracking_uri):
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     try:
         client = MlflowClient(tracking_uri)
         mark_training_experiment(client, experiment_id)
@@ -78,5 +85,8 @@ def log_study_run(tracking_uri: str, study: str, experiment_id: str | None, file
         raise
     except Exception as exc:  # noqa: BLE001 - MLflow raises many types for store problems
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise StudyrunnerError(f"cannot log the report to MLflow at {tracking_uri!r}: {first}") from None
+        where = mask_url(tracking_uri)
+        raise StudyrunnerError(
+            f"cannot log the report to MLflow at {where!r}: {mask_text(first, tracking_uri)}"
+        ) from None
     return run_id

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import StudyrunnerError
+from ..urls import mask_url
 from .data import StudyData
 from .mlflow_ui import run_url, runs_url
 from .summary import EQUAL_DEPTH_COLUMNS, FAMILY_COLUMNS, GAP_COLUMNS, Analysis, analyze, fmt, interval
@@ -356,7 +357,7 @@ def render(a: Analysis, ui: str | None = None) -> str:
         "study": d.name,
         "header": a.header(),
         "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "source": d.source,
+        "source": mask_url(d.source),  # "ledger URL": uploaded to MLflow with the report
         "metric": a.metric,
         "mode": d.mode,
         "missing": d.missing,

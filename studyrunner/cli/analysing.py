@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from ..errors import StudyrunnerError
+from ..urls import mask_url
 from .common import DbOpt, TrackingOpt, WorkspaceOpt, app, err, footer, open_workspace, out, user_errors, warn
 
 
@@ -160,7 +161,8 @@ def report(
             run_id = log_study_run(ws.tracking_uri, loaded.name, loaded.experiment_id, written)
         except Exception as exc:  # noqa: BLE001 - the report is written; MLflow (read-only, down) is optional
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            warn([f"could not log the report to MLflow at {ws.tracking_uri} ({first}); --no-mlflow skips it"])
+            where = mask_url(ws.tracking_uri)
+            warn([f"could not log the report to MLflow at {where} ({first}); --no-mlflow skips it"])
             return
         err.print(f"logged to MLflow run {run_id} (experiment {loaded.experiment_id})", markup=False, highlight=False)
 
@@ -190,7 +192,7 @@ def _load_study(study: str, db: str | None, workspace: Path | None, storage: str
     from ..analysis import data as analysis_data
 
     ws = ws or open_workspace(workspace, db, storage=storage)
-    footer.append(f"read from ledger {ws.db_url}")
+    footer.append(f"read from ledger {mask_url(ws.db_url)}")
     loaded = analysis_data.load(study, db=ws.db_url, workspace=ws.root, storage=ws.storage)
     loaded.on_warning = lambda line: warn([line])
     warn(loaded.warnings)
@@ -216,7 +218,9 @@ def ui(
     ws = open_workspace(workspace, db=db, tracking_uri=tracking_uri)
     experiments = _experiments(ws.db_url, study)
     if "://" in ws.tracking_uri and ws.tracking_uri.split("://")[0] in ("http", "https"):
-        raise StudyrunnerError(f"the tracking store is already a server ({ws.tracking_uri}); open it directly")
+        raise StudyrunnerError(
+            f"the tracking store is already a server ({mask_url(ws.tracking_uri)}); open it directly"
+        )
     if ws.tracking_uri.startswith("sqlite:///") and not Path(ws.tracking_uri.removeprefix("sqlite:///")).is_file():
         raise StudyrunnerError(
             f"no MLflow store at {ws.tracking_uri.removeprefix('sqlite:///')!r}: nothing was submitted with this "
@@ -230,7 +234,8 @@ def ui(
 
     def ready(url: str) -> None:
         err.print(
-            f"MLflow UI for {ws.tracking_uri}\n  -> {url}   (Ctrl-C stops it; server log: {log_path})", markup=False
+            f"MLflow UI for {mask_url(ws.tracking_uri)}\n  -> {url}   (Ctrl-C stops it; server log: {log_path})",
+            markup=False,
         )
         for name, experiment_id in experiments:  # the runs table, not MLflow's GenAI overview
             err.print(f"  {name}: {runs_url(url, experiment_id)}", markup=False, highlight=False)

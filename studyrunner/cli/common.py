@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import StudyrunnerError
+from ..urls import mask_text, mask_url
 
 app = typer.Typer(
     name="studyrunner",
@@ -46,9 +47,19 @@ TrackingOpt = Annotated[
 ]
 
 
+# The locations the command was given (its workspace's URLs): their passwords are masked in every error,
+# warning and footer line, whatever quotes them (a driver's message, a path built from a URL).
+locations: list[str] = []
+
+
+def shown(text: str) -> str:
+    """`text` as it may be printed: no password of a URL in it, nor of the command's locations."""
+    return mask_text(text, *locations)
+
+
 def say_error(message: str) -> None:
     """One line on stderr; the message (file names, user text, schema patterns) prints literally."""
-    err.print(Text.assemble(("error: ", "red"), str(message)), highlight=False, soft_wrap=True)
+    err.print(Text.assemble(("error: ", "red"), shown(str(message))), highlight=False, soft_wrap=True)
 
 
 def user_errors(fn):
@@ -61,6 +72,7 @@ def user_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         footer.clear()
+        locations.clear()
         try:
             value = fn(*args, **kwargs)
             print_footer()
@@ -89,13 +101,13 @@ footer: list[str] = []
 
 def print_footer() -> None:
     for line in dict.fromkeys(footer):
-        err.print(line, markup=False, highlight=False, soft_wrap=True)
+        err.print(shown(line), markup=False, highlight=False, soft_wrap=True)
     footer.clear()
 
 
 def warn(lines: list[str]) -> None:
     for line in lines:
-        err.print(Text.assemble(("warning: ", "yellow"), line), highlight=False, soft_wrap=True)
+        err.print(Text.assemble(("warning: ", "yellow"), shown(line)), highlight=False, soft_wrap=True)
 
 
 def _version(value: bool) -> None:
@@ -120,9 +132,11 @@ def open_workspace(
 ):
     from ..workspace import Workspace
 
+    locations.extend(value for value in (db, tracking_uri, storage) if value)  # shown masked if resolve fails
     ws = Workspace.resolve(workspace, db=db, tracking_uri=tracking_uri, storage=storage)
+    locations.extend((ws.db_url, ws.tracking_uri, ws.storage))
     for line in ws.ignored_env:
-        err.print(Text.assemble(("note: ", "cyan"), line), highlight=False, soft_wrap=True)
+        err.print(Text.assemble(("note: ", "cyan"), shown(line)), highlight=False, soft_wrap=True)
     return ws
 
 
@@ -132,7 +146,7 @@ def read_ledger(ws):
     from ..store import Ledger
 
     ledger = Ledger(ws.db_url, create=False, read_only=True)
-    footer.append(f"read from ledger {ws.db_url}")
+    footer.append(f"read from ledger {mask_url(ws.db_url)}")
     if ledger.read_note:
         err.print(Text.assemble(("note: ", "cyan"), ledger.read_note), highlight=False, soft_wrap=True)
     return ledger

@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from ..errors import StudyrunnerError
+from ..urls import mask_url
 from .common import (
     DbOpt,
     StorageOpt,
@@ -48,10 +49,12 @@ def db_current(db: DbOpt = None, workspace: WorkspaceOpt = None):
     with errors:
         revision = ledger_schema.current(engine, url)
     if revision is None:
-        raise StudyrunnerError(f"{url!r} holds no studyrunner ledger (an empty database; `submit` creates one)")
+        raise StudyrunnerError(
+            f"{mask_url(url)!r} holds no studyrunner ledger (an empty database; `submit` creates one)"
+        )
     newest = ledger_schema.head()
     state = "current" if revision == newest else f"older: run {_db_hint(workspace, db, 'upgrade')}"
-    out.print(f"{url}: revision {revision} (this studyrunner: {newest}; {state})", markup=False)
+    out.print(f"{mask_url(url)}: revision {revision} (this studyrunner: {newest}; {state})", markup=False)
 
 
 @db_app.command("upgrade")
@@ -60,15 +63,27 @@ def db_upgrade(db: DbOpt = None, workspace: WorkspaceOpt = None):
     """Upgrade an existing ledger to the schema this studyrunner needs (keeps every row)."""
     from ..store import schema as ledger_schema
 
-    url, engine, errors = _db_engine(workspace, db, read_only=False)
+    # What the database is, read without writing a byte: one that is not a ledger is refused as it was.
+    url, reader, errors = _db_engine(workspace, db, read_only=True)
     with errors:
-        if ledger_schema.current(engine, url) is None:
+        try:
+            before = ledger_schema.current(reader, url)
+        finally:
+            reader.dispose()
+        if before is None:
             raise StudyrunnerError(
-                f"{url!r} holds no studyrunner ledger: nothing to upgrade (`studyrunner submit` creates a new one)"
+                f"{mask_url(url)!r} holds no studyrunner ledger: nothing to upgrade "
+                "(`studyrunner submit` creates a new one)"
             )
-        before, after = ledger_schema.upgrade(engine, url)
+        after = ledger_schema.head()
+        if before != after:  # only now opened for writing (a current ledger on a read-only mount is fine)
+            from ..store import Ledger
+
+            Ledger.check_writable(url)
+            _url, engine, _errors = _db_engine(workspace, db, read_only=False)
+            before, after = ledger_schema.upgrade(engine, url)
     message = "already at" if before == after else f"upgraded from {before} to"
-    err.print(f"{url}: {message} revision {after}", markup=False)
+    err.print(f"{mask_url(url)}: {message} revision {after}", markup=False)
 
 
 def _db_hint(workspace: Path | None, db: str | None, verb: str) -> str:

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import StudyrunnerError
+from ..urls import mask_url
 from .common import (
     AddressOpt,
     DbOpt,
@@ -99,11 +100,13 @@ def _run_and_report(run, ws, study_name: str) -> None:
         )
     elif result.busy:
         err.print(f"{escape(result.study)}: every trial to run is being run by another process")
-    elif not result.study_busy:  # a search another submit runs was said in one line already
+    elif not result.study_busy:  # a search or sequential study another submit runs: said in one line already
         err.print(f"{escape(result.study)}: nothing to run")
-    if not result.study_busy:  # the submit that runs the search says how it went
+    if not result.study_busy:  # the submit that runs the search or the waves says how it went
         _print_summary(ws, study_name)
-    err.print(f"ledger: {ws.db_url}\nMLflow: {ws.tracking_uri}  ({ws.hint('ui')})", markup=False, highlight=False)
+    where = f"ledger: {mask_url(ws.db_url)}
+MLflow: {mask_url(ws.tracking_uri)}  ({ws.hint('ui')})"
+    err.print(where, markup=False, highlight=False)
     if result.interrupted:
         err.print(f"resume with: {resume_hint}  (runs only what has not finished)", markup=False)
         raise typer.Exit(130)

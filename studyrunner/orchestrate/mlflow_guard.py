@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..urls import mask_text, mask_url
 from .tracking import bound_http_retries
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,9 @@ class MlflowGuard:
         clock: Callable[[], float] = time.monotonic,
         warn: Callable[[str], None] | None = None,
     ):
-        bound_http_retries()  # a single call against a dead server fails within seconds, not minutes
-        self.uri = getattr(tracker, "uri", "the tracking store")
+        bound_http_retries(getattr(tracker, "uri", None))  # a call to a dead server fails in seconds, not minutes
+        self._real_uri = getattr(tracker, "uri", None)
+        self.uri = mask_url(self._real_uri) if self._real_uri else "the tracking store"  # as shown in messages
         self.retry_after_s = retry_after_s
         self.sync_hint = sync_hint or f"studyrunner sync-mlflow {study or 'STUDY'}"
         self._clock = clock
@@ -129,13 +131,14 @@ class MlflowGuard:
         self._down = True
         self.outages += 1
         return (
-            f"MLflow at {self.uri} is unreachable ({first_line(exc)}): trials go on; the ledger keeps "
-            f"everything; run `{self.sync_hint}` afterwards"
+            f"MLflow at {self.uri} is unreachable ({mask_text(first_line(exc), self._real_uri)}): trials go on; "
+            f"the ledger keeps everything; run `{self.sync_hint}` afterwards"
         )
 
     def _note_refusal(self, fn: Callable[..., Any], exc: Exception) -> str | None:
         name = getattr(fn, "__name__", repr(fn))
-        message = f"MLflow refused {name}: {first_line(exc)} (the ledger keeps it; `sync-mlflow` retries)"
+        why = mask_text(first_line(exc), self._real_uri)
+        message = f"MLflow refused {name}: {why} (the ledger keeps it; `sync-mlflow` retries)"
         if message in self._refusals or len(self._refusals) >= MAX_REFUSAL_WARNINGS:
             return None
         self._refusals.add(message)

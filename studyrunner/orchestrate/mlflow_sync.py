@@ -33,6 +33,7 @@ from ..store import CurveStore, Ledger
 from ..store.curves import CurveUnreadable
 from ..store.db import CellRow, StudyRow, TrialRow
 from ..study import Cell, Trial
+from ..urls import mask_text, mask_url
 from ..workspace import checkpoint_location
 from .mlflow_guard import first_line
 from .tracking import RUN_STATUS, Points, RunHistory, Tracker, final_points, gone, record_points
@@ -330,7 +331,8 @@ def sync_mlflow(
     except Exception as exc:  # noqa: BLE001 - MLflow surfaces store and network errors under many types
         where = f" (at trial {current})" if current else ""
         raise StudyrunnerError(
-            f"could not sync {study_name} to MLflow at {tracker.uri}{where}: {first_line(exc)}; "
+            f"could not sync {study_name} to MLflow at {mask_url(tracker.uri)}{where}: "
+            f"{mask_text(first_line(exc), tracker.uri)}; "
             f"{report.trials_synced} trials synced so far (kept): run `{again}` again once it answers"
         ) from None
     if console is not None and report.held:

@@ -25,6 +25,7 @@ from ..store.ledger import STALE_AFTER_S, SUBMIT_RUNS
 from ..store.ledger import probe as probe_ledger
 from ..study import CompiledStudy
 from ..study.extension import changed_fields
+from ..urls import mask_text, mask_url
 from ..workspace import Workspace, checkpoint_location
 from .capacity import check_cluster_fits, concurrent_runs, trial_resources, trials_at_once
 from .driver_callback import CancelStopper
@@ -207,13 +208,14 @@ def cancel(study: str, workspace: Workspace) -> tuple[int, int]:
 
 
 def _open_stores(workspace: Workspace, create: bool = True) -> tuple[Ledger, Tracker]:
-    # Every location is checked before anything is written, so a bad one leaves no trace: storage and the
-    # ledger's URL first, then the tracking store (opening it creates an SQLite one), then the ledger.
+    # Every location is checked before anything is written, so a bad one leaves no trace: the ledger's URL
+    # (read only) and storage first, then the tracking store (opening it creates an SQLite one), then the ledger.
+    if create:
+        probe_ledger(workspace.db_url)
     workspace.check_storage()
     if not create:
         ledger = Ledger(workspace.db_url, create=False)
         return ledger, Tracker(workspace.tracking_uri)
-    probe_ledger(workspace.db_url)
     tracker = Tracker(workspace.tracking_uri)
     workspace.ensure()
     return Ledger(workspace.db_url), tracker
@@ -503,7 +505,8 @@ def _open_tracking(compiled, to_run, ledger: Ledger, tracker: Tracker, workspace
             if attempt == 3:
                 first = str(exc).strip().splitlines()[0]
                 raise StudyrunnerError(
-                    f"cannot use MLflow tracking store {workspace.tracking_uri!r}: {first}"
+                    f"cannot use MLflow tracking store {mask_url(workspace.tracking_uri)!r}: "
+                    f"{mask_text(first, workspace.tracking_uri)}"
                 ) from None
             time.sleep(0.5 * (attempt + 1))
     ledger.set_experiment(study.name, experiment_id)

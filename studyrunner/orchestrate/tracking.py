@@ -10,16 +10,20 @@ import json
 import logging
 import math
 import os
+import sqlite3
 import subprocess
 import time
 import warnings
 from functools import cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from .. import __version__
 from ..errors import StudyrunnerError
+from ..store.lock import sqlite_file, stores_lock
 from ..study import Cell, Trial, flatten_config
+from ..urls import has_password, mask_text, mask_url
 
 MAX_PARAM_LEN = 6000  # MLflow's limit for a param value
 # The ledger's trial status as an MLflow run status (the `status` tag says which of them it was).
@@ -45,10 +49,13 @@ HTTP_DEFAULTS = {
 }
 
 
-def bound_http_retries() -> None:
-    """Apply HTTP_DEFAULTS for this process (MLflow reads them at every request)."""
+def bound_http_retries(uri: str | None = None) -> None:
+    """Apply HTTP_DEFAULTS for this process (MLflow reads them at every request). MLflow's "View run at: URL"
+    lines repeat the tracking URI as given: never for one with a password, whatever the user's setting."""
     for name, value in HTTP_DEFAULTS.items():
         os.environ.setdefault(name, value)
+    if uri and has_password(uri):
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
 
 
 def gone(exc: Exception) -> bool:
@@ -151,14 +158,63 @@ def _params(config: dict[str, Any], seed: int | None = None) -> dict[str, str]:
     return {k: (json.dumps(v) if isinstance(v, list | tuple) else str(v))[:MAX_PARAM_LEN] for k, v in flat.items()}
 
 
+def check_half_made(tracking_uri: str, error: str = "") -> None:
+    """After MLflow failed (with `error`) to open an SQLite store: if a command that stopped (or, before
+    stores_lock, raced another) while creating or migrating it left it half-made, say so in one line with how to
+    mend it, instead of MLflow's `table ... already exists` at every command. Half-made: a leftover
+    `_alembic_tmp_*` table, tables without a recorded schema revision, or a migration that made a table (or
+    index) and did not record it (MLflow's `already exists`), or a store holding no runs whose schema stops
+    between two revisions. Reads the file only; says nothing of a missing, empty or sound store, nor of an older
+    store holding runs (MLflow's own message says to run `mlflow db upgrade`)."""
+    path = sqlite_file(tracking_uri)
+    if path is None or not path.is_file() or path.stat().st_size == 0:
+        return
+    try:
+        con = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=30)
+        try:
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            versioned = (
+                "alembic_version" in tables and con.execute("SELECT count(*) FROM alembic_version").fetchone()[0]
+            )
+            runs = con.execute("SELECT count(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return  # unreadable here: MLflow's own open says why
+    leftovers = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
+    if leftovers:
+        why = f"leftover table{'s' if len(leftovers) > 1 else ''} {', '.join(leftovers)}"
+    elif tables and not versioned:
+        why = "no schema revision recorded"
+    elif "already exists" in error:
+        why = f"a migration made a table or index it did not record: {error}"
+    elif "out-of-date database schema" in error and runs == 0:  # stopped between two migrations
+        why = "its schema stops between two revisions: " + error.split(". ")[0].removeprefix("Detected ")
+    else:
+        return  # a sound store, or an older one holding runs (MLflow's own message says `mlflow db upgrade`)
+    beside = [p.name for p in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")) if p.exists()]
+    if runs == 0:
+        files = " and ".join([path.name, *beside])
+        mend = f"it holds no runs: delete {files} (in {path.parent}) and run the command again"
+        if "out-of-date" in why:
+            mend += f" (or finish the migration: mlflow db upgrade sqlite:///{path})"
+    else:  # made by an older MLflow and stopped in `mlflow db upgrade`: MLflow's to finish
+        drops = "; ".join(f"DROP TABLE {t}" for t in leftovers)
+        mend = f"it holds {runs} run{'s' if runs > 1 else ''}: back it up, " + (
+            f"run sqlite3 {path} '{drops}', then " if drops else "then "
+        )
+        mend += f"finish MLflow's migration (mlflow db upgrade sqlite:///{path})"
+    raise StudyrunnerError(
+        f"the MLflow store {str(path)!r} is half-made ({why}; a command stopped while creating or migrating it); {mend}"
+    )
+
+
 class Tracker:
     def __init__(self, tracking_uri: str):
         # First use of a store runs migrations, which MLflow and alembic announce at INFO.
         for name in ("alembic", "mlflow.store.db.utils"):
             logging.getLogger(name).setLevel(logging.WARNING)
         warnings.filterwarnings("ignore", message="Unnamed CHECK constraint", category=UserWarning)
-        from mlflow import MlflowClient
-
         self.uri = tracking_uri
         if tracking_uri.startswith("sqlite:///"):
             Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
@@ -167,6 +223,14 @@ class Tracker:
             self._check_reachable(tracking_uri)
         elif scheme in ("http", "https"):
             self._check_server(tracking_uri)
+        # An SQLite store is made by one command at a time: two submits into a new workspace raced through
+        # MLflow's migrations and left `_alembic_tmp_*` tables behind.
+        with stores_lock(tracking_uri):
+            self._open(tracking_uri, scheme)
+
+    def _open(self, tracking_uri: str, scheme: str) -> None:
+        from mlflow import MlflowClient
+
         for attempt in range(6):
             try:
                 self.client = MlflowClient(tracking_uri)
@@ -174,11 +238,14 @@ class Tracker:
                     self.client.search_experiments(max_results=1)  # creates or migrates the store now
                 break
             except Exception as exc:  # noqa: BLE001 - MLflow raises many types for a bad URI
-                # Two submits on a fresh workspace race through MLflow's own table creation and
-                # migrations; the loser finds the store ready a moment later.
+                first = mask_text((str(exc).strip().splitlines() or [type(exc).__name__])[0], tracking_uri)
+                check_half_made(tracking_uri, first)  # no use retrying: say how to mend it
+                # Two submits racing through MLflow's table creation on a database server: the loser finds
+                # the store ready a moment later (an SQLite store is made under stores_lock).
                 if attempt == 5 or scheme not in ("sqlite", "postgresql", "mysql", "mssql"):
-                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                    raise StudyrunnerError(f"cannot open MLflow tracking store {tracking_uri!r}: {first}") from None
+                    raise StudyrunnerError(
+                        f"cannot open MLflow tracking store {mask_url(tracking_uri)!r}: {first}"
+                    ) from None
                 time.sleep(0.5 * (attempt + 1))
 
     @staticmethod
@@ -190,8 +257,8 @@ class Tracker:
             with create_engine(uri).connect():
                 pass
         except Exception as exc:  # noqa: BLE001 - drivers raise their own types
-            first = str(exc).strip().splitlines()[0]
-            raise StudyrunnerError(f"cannot open MLflow tracking store {uri!r}: {first}") from None
+            first = mask_text(str(exc).strip().splitlines()[0], uri)
+            raise StudyrunnerError(f"cannot open MLflow tracking store {mask_url(uri)!r}: {first}") from None
 
     @staticmethod
     def _check_server(uri: str) -> None:
@@ -199,15 +266,18 @@ class Tracker:
         import urllib.error
         import urllib.request
 
-        bound_http_retries()  # for the rest of the run too
+        bound_http_retries(uri)  # for the rest of the run too
+        parts = urlsplit(uri)
+        # urllib would read `user:password@host` as the host name; /health answers without them (or a 401)
+        health = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/") + "/health"
         try:
-            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
+            urllib.request.urlopen(health, timeout=5).close()
         except urllib.error.HTTPError:
             pass  # something answers; MLflow itself will say if it is not a tracking server
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise StudyrunnerError(
-                f"cannot reach MLflow tracking server {uri!r}: {reason} "
+                f"cannot reach MLflow tracking server {mask_url(uri)!r}: {mask_text(str(reason), uri)} "
                 "(start it, or check --tracking-uri / MLFLOW_TRACKING_URI)"
             ) from None
 

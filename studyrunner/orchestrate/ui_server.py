@@ -79,9 +79,10 @@ def _tail(path: Path, lines: int = 3) -> str:
 def serve(tracking_uri: str, host: str, port: int, log_path: Path, on_ready) -> int:
     """Run the server until it exits or we are stopped (Ctrl-C, SIGTERM); returns an exit code."""
     check_port_free(host, port)
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri]
-    cmd += ["--host", host, "--port", str(port), "--workers", "1"]
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    # The store's URL goes in the environment, not on the command line, where any user of the machine could
+    # read its password (`ps`).
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port), "--workers", "1"]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_BACKEND_STORE_URI": tracking_uri}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     stopping = False
 

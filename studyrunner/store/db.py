@@ -30,6 +30,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # it is a pending/running trial whose lease holder (a `submissions` row) has gone silent (ledger.py).
 STATUSES = ("pending", "running", "succeeded", "failed", "diverged", "cancelled")
 FINISHED = ("succeeded", "failed", "diverged")
+# The tables that make a database a ledger (a database holding other tables is never made into one).
+LEDGER_TABLES = frozenset({"studies", "cells", "trials"})
 # Why an attempt ended without succeeding (attempts.error_class, trials.failure_class).
 FAILURE_CLASSES = ("infrastructure", "error", "divergence", "interrupted", "cancelled")
 
@@ -232,9 +234,13 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 30})
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record):  # WAL lets `status` read while `submit` writes
+        def _sqlite_pragmas(dbapi_conn, _record):
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
+            # WAL lets `status` read while `submit` writes. It is a property of the file, so it is set only on a
+            # ledger or an empty file about to be one: another application's database is refused as it was.
+            tables = {row[0] for row in cur.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not tables or LEDGER_TABLES <= tables:
+                cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
     else:

@@ -26,6 +26,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQL
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import StudyrunnerError
+from ..urls import mask_text, mask_url
 from . import longform, schema
 from .db import (
     FINISHED,
@@ -121,24 +122,27 @@ def _sqlite_path(url: str) -> Path | None:
 
 @contextmanager
 def database_errors(url: str, option: str = "--db / STUDYRUNNER_DB") -> Iterator[None]:
-    """Opening a database: every way it fails is one line naming the URL and the option to mend."""
+    """Opening a database: every way it fails is one line naming the URL (its password masked, also where the
+    driver's message quotes it) and the option to mend."""
+    shown = mask_url(url)
     try:
         yield
     except StudyrunnerError:
         raise
     except NoSuchModuleError:
         raise StudyrunnerError(
-            f"cannot open results database {url!r}: not a database URL SQLAlchemy knows ({option}); "
+            f"cannot open results database {shown!r}: not a database URL SQLAlchemy knows ({option}); "
             "use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
         ) from None
     except ImportError as exc:
         raise StudyrunnerError(
-            f"{option}: cannot open {url!r}: its database driver is not installed ({exc}); "
+            f"{option}: cannot open {shown!r}: its database driver is not installed ({mask_text(str(exc), url)}); "
             "install it (postgresql: EXTRAS=dev,postgres ./setup.sh) or use sqlite:///PATH"
         ) from None
     except (ArgumentError, SQLAlchemyError, OSError, sqlite3.Error) as exc:
         first = str(exc.args[0] if exc.args else exc).strip().splitlines()[0]
-        raise StudyrunnerError(f"cannot open results database {url!r}: {first} (check {option})") from None
+        first = mask_text(first, url)
+        raise StudyrunnerError(f"cannot open results database {shown!r}: {first} (check {option})") from None
 
 
 def open_engine(url: str, *, read_only: bool = False) -> tuple[Engine, str | None]:
@@ -157,14 +161,23 @@ def open_engine(url: str, *, read_only: bool = False) -> tuple[Engine, str | Non
 
 
 def probe(url: str) -> None:
-    """Check that a ledger URL can be used, writing nothing: the URL parses, its driver is installed and a
-    server database answers (an SQLite file is created only when the ledger is). One line if not."""
+    """Check that a ledger URL can be used, writing nothing: the URL parses, its driver is installed, a
+    server database answers, and an SQLite file that exists is a ledger or empty (read-only: a file that is
+    not a ledger is refused as it was; one is created only when the ledger is). One line if not."""
     with database_errors(url):
         parsed = make_url(url)
         parsed.get_dialect()
         if parsed.get_backend_name() != "sqlite":
             with make_engine(url).connect():
                 pass
+            return
+        path = _sqlite_path(url)
+        if path is not None and path.is_file() and path.stat().st_size > 0:
+            engine, _mode = sqlite_reader(url)
+            try:
+                schema.current(engine, url)
+            finally:
+                engine.dispose()
 
 
 class Ledger:
@@ -181,11 +194,8 @@ class Ledger:
         self.url = url
         self.read_mode: str | None = None
         path = _sqlite_path(url)
-        if not read_only and path is not None and path.is_file() and not _writable(path):
-            raise StudyrunnerError(
-                f"the results ledger {str(path)!r} cannot be written (a read-only location) and this command writes "
-                "to it: copy the workspace somewhere writable (status, results, analyze, verify, report read it as is)"
-            )
+        if not read_only:
+            self.check_writable(url)
         with database_errors(url):
             if create and not read_only:
                 if path is not None:
@@ -195,12 +205,27 @@ class Ledger:
                 self.engine, self.read_mode = open_engine(url, read_only=read_only)
             if schema.current(self.engine, url) is None:
                 if not create or read_only:
+                    empty = path is not None and path.is_file() and path.stat().st_size == 0
                     raise StudyrunnerError(
-                        f"{url!r} holds no studyrunner ledger (check --db / STUDYRUNNER_DB, or submit a study first)"
+                        f"{path} is empty (0 bytes: a submit stopped before it made the ledger there); `studyrunner "
+                        "submit` makes it, or delete the file"
+                        if empty
+                        else f"{mask_url(url)!r} holds no studyrunner ledger (check --db / STUDYRUNNER_DB, or submit a "
+                        "study first)"
                     )
                 schema.create(self.engine)
             schema.check_current(self.engine, url)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    @staticmethod
+    def check_writable(url: str) -> None:
+        """Before a command writes to an SQLite ledger: one line if its file cannot be written."""
+        path = _sqlite_path(url)
+        if path is not None and path.is_file() and not _writable(path):
+            raise StudyrunnerError(
+                f"the results ledger {str(path)!r} cannot be written (a read-only location) and this command writes "
+                "to it: copy the workspace somewhere writable (status, results, analyze, verify, report read it as is)"
+            )
 
     @property
     def read_note(self) -> str | None:
@@ -679,7 +704,7 @@ class Ledger:
             row = s.get(StudyRow, name)
         if row is None:
             known = ", ".join(r.name for r in self.studies()) or "none yet"
-            raise StudyrunnerError(f"no study named {name!r} in {self.url}; known studies: {known}")
+            raise StudyrunnerError(f"no study named {name!r} in {mask_url(self.url)}; known studies: {known}")
         return row
 
     def cells(self, study: str) -> list[CellRow]:

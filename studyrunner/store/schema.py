@@ -10,17 +10,21 @@ checks that migrating from nothing gives exactly the tables `db.py` declares.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import StudyrunnerError
-from .db import Base
+from ..urls import mask_url
+from ..workspace import hint
+from .db import LEDGER_TABLES, Base
 
 FIRST = "0001"  # the schema of the first release, which had no version table
 
@@ -36,8 +40,6 @@ def head() -> str:
     return ScriptDirectory.from_config(_config()).get_current_head()
 
 
-# The tables that make a database a ledger (a database holding other tables is never made into one).
-LEDGER_TABLES = frozenset({"studies", "cells", "trials"})
 VERSION_TABLE = "alembic_version"
 
 
@@ -51,7 +53,7 @@ def current(engine: Engine, url: str = "") -> str | None:
     Raises StudyrunnerError, naming the database, for one that holds other tables (an app's, MLflow's,
     Optuna's), and for a ledger whose recorded revision is missing, recorded twice or unknown to this
     studyrunner (a newer one wrote it)."""
-    where = url or engine.url.render_as_string(hide_password=True)
+    where = mask_url(url) if url else engine.url.render_as_string(hide_password=True)
     tables = set(inspect(engine).get_table_names())
     if not tables - {VERSION_TABLE}:
         return None
@@ -94,10 +96,11 @@ def _unversioned(engine: Engine) -> str:
 
 def create(engine: Engine) -> None:
     """A new ledger, at the newest revision, in one transaction (tables and version row together, so no
-    reader sees a ledger without its revision). Two processes creating one ledger at once (two submits on
-    a fresh workspace) both succeed: the loser of the race finds the winner's ledger."""
+    reader sees a ledger without its revision, and a process killed half way leaves an empty database). Two
+    processes creating one ledger at once (two submits on a fresh workspace) both succeed: the loser of the
+    race finds the winner's ledger."""
     try:
-        with engine.begin() as conn:
+        with _transaction(engine) as conn:
             Base.metadata.create_all(conn)
             command.stamp(_config(conn), "head")
     except SQLAlchemyError:
@@ -115,7 +118,7 @@ def upgrade(engine: Engine, url: str = "") -> tuple[str | None, str]:
     """Bring the ledger to the newest revision (an empty database: migrate from nothing); returns (before,
     after). A database holding other tables is refused, as `current` says."""
     before = current(engine, url)
-    with engine.begin() as conn:
+    with _transaction(engine) as conn:
         cfg = _config(conn)
         if before is not None and MigrationContext.configure(conn).get_current_revision() is None:
             command.stamp(cfg, before)  # an unversioned ledger: record what it is, then upgrade from there
@@ -123,10 +126,22 @@ def upgrade(engine: Engine, url: str = "") -> tuple[str | None, str]:
     return before, head()
 
 
+@contextmanager
+def _transaction(engine: Engine) -> Iterator[Connection]:
+    """One transaction around DDL, so a command killed half way changes nothing: on SQLite begun by hand
+    (pysqlite runs DDL outside any transaction otherwise, and a migration stopped between copying a table and
+    renaming it back would leave an `_alembic_tmp_*` table), and IMMEDIATE, so a second writer waits."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        yield conn
+        conn.commit()
+
+
 def check_current(engine: Engine, url: str) -> None:
     rev, newest = current(engine, url), head()
     if rev != newest:
         raise StudyrunnerError(
-            f"the ledger {url!r} is at schema revision {rev}, this studyrunner needs {newest}: "
-            f"back it up if you like, then run: studyrunner db upgrade --db '{url}'"
+            f"the ledger {mask_url(url)!r} is at schema revision {rev}, this studyrunner needs {newest}: "
+            f"back it up if you like, then run: {hint('db', 'upgrade', flags=(('--db', url),))}"
         )

@@ -104,8 +104,7 @@ def _run_and_report(run, ws, study_name: str) -> None:
         err.print(f"{escape(result.study)}: nothing to run")
     if not result.study_busy:  # the submit that runs the search or the waves says how it went
         _print_summary(ws, study_name)
-    where = f"ledger: {mask_url(ws.db_url)}
-MLflow: {mask_url(ws.tracking_uri)}  ({ws.hint('ui')})"
+    where = f"ledger: {mask_url(ws.db_url)}\nMLflow: {mask_url(ws.tracking_uri)}  ({ws.hint('ui')})"
     err.print(where, markup=False, highlight=False)
     if result.interrupted:
         err.print(f"resume with: {resume_hint}  (runs only what has not finished)", markup=False)

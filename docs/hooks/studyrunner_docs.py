@@ -63,8 +63,9 @@ def resolve(node: dict[str, Any]) -> dict[str, Any]:
 
 
 def ref_name(node: dict[str, Any]) -> str | None:
-    """The `$defs` entry a field refers to, directly or as an optional field."""
-    refs = [o["$ref"] for o in [node, *node.get("anyOf", [])] if "$ref" in o]
+    """The `$defs` entry a field refers to, directly, as an optional field, or as one form of several
+    (`seeds`: a list, or the sequential design's section)."""
+    refs = [o["$ref"] for o in [node, *node.get("anyOf", []), *node.get("oneOf", [])] if "$ref" in o]
     return refs[0].rsplit("/", 1)[1] if len(refs) == 1 else None
 
 

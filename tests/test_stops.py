@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,33 @@ def test_sigterm_ends_a_submit_as_ctrl_c_does(tmp_path):
     assert {r.status for r in rows} == {"pending"} and all(r.owner is None for r in rows)
     (session,) = session_dirs(ledger, "term")
     wait_for(lambda: not ray_left(session), timeout=60, what="the submit's Ray processes to end")
+
+
+def test_sigterm_while_ray_starts_ends_the_submit_as_well(tmp_path):
+    """SIGTERM as soon as the submit says what it will run: Ray is starting, and its handlers (a Python one
+    whose exit Python drops inside an after-fork hook, a C++ one that aborts) must neither lose nor abort it."""
+    study = tmp_path / "early.yaml"
+    study.write_text(study_text("early", steps=3000, seeds="[0]"))
+    ws = tmp_path / "ws"
+    driver = cli("submit", str(study), "--no-progress", workspace=ws)
+    said: list[str] = []
+
+    def read() -> None:
+        for line in driver.stderr:
+            said.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    wait_for(lambda: any(" to run" in line for line in said), timeout=300, what="the submit to start its Ray")
+    driver.send_signal(signal.SIGTERM)
+    code = driver.wait(timeout=300)
+    reader.join(timeout=60)
+    output = "".join(said)
+    assert code == 130, output
+    assert "esume with: studyrunner resume early" in output, output  # "Resume with" or "resume with"
+    assert "Traceback" not in output and "SIGTERM received" not in output and "ignored" not in output, output
+    rows = Ledger(f"sqlite:///{ws / 'ledger.db'}", create=False).trials("early")
+    assert {r.status for r in rows} == {"pending"} and all(r.owner is None for r in rows)
 
 
 class Postgres:

@@ -96,9 +96,12 @@ def _run_and_report(run, ws, study_name: str) -> None:
 
 
 def _report(run, ws, study_name: str) -> None:
+    from ..orchestrate.signals import sigterm_as_ctrl_c
+
     resume_hint = ws.hint("resume", study_name)
     try:
-        result = run()
+        with sigterm_as_ctrl_c():  # from the first moment, not only once trials run
+            result = run()
     except KeyboardInterrupt:  # before Ray Tune took over, or a second Ctrl-C: the ledger is released
         err.print(f"interrupted; unfinished trials are pending. Resume with: {resume_hint}", markup=False)
         raise typer.Exit(130) from None

@@ -76,7 +76,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     }
     try:
         with sigterm_handler_kept():
-            if address:
+            if address and address != "local":  # Ray's "local": start a new one, which is the embedded one
                 _join(address, kwargs)
             else:
                 _start_embedded(num_cpus, kwargs)

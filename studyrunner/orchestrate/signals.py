@@ -50,7 +50,6 @@ def sigterm_handler_kept() -> Iterator[None]:
     wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
     hook = sys.unraisablehook
     sys.unraisablehook = lambda u: None if isinstance(u.exc_value, SystemExit | KeyboardInterrupt) else hook(u)
-    arrived: set[int] = set()
     try:
         yield
     except SystemExit as exc:  # Ray's Python handler ran: a SIGTERM came while Ray started

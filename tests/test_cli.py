@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -105,6 +106,8 @@ def _free_port() -> int:
 
 
 def test_ui_serves_the_study_on_localhost(submitted):
+    """Waits for what it checks, never for a fixed time: the ui's own "ready" lines (it prints them once its
+    server answers), then the server's answer; the bounds are generous, for a loaded machine."""
     _, workspace, _ = submitted
     port = _free_port()
     env = {**os.environ, "STUDYRUNNER_HOME": str(workspace)}
@@ -117,24 +120,31 @@ def test_ui_serves_the_study_on_localhost(submitted):
         text=True,
         start_new_session=True,
     )
+    said: list[str] = []
+
+    def read() -> None:
+        for line in proc.stderr:
+            said.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    runs_page = f"tiny: http://127.0.0.1:{port}/#/experiments/"
+    url = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=tiny"
     try:
-        url = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=tiny"
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(url, timeout=5) as resp:
-                    body = json.load(resp)
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(1)
+        deadline = time.monotonic() + 600
+        while not any(runs_page in line for line in said) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert any(runs_page in line for line in said), "".join(said)
+        with urllib.request.urlopen(url, timeout=120) as resp:
+            body = json.load(resp)
         assert body["experiment"]["name"] == "tiny"
     finally:
         os.killpg(proc.pid, 15)
-        _, err = proc.communicate(timeout=30)
+        proc.wait(timeout=300)
+        reader.join(timeout=60)
+    err = "".join(said)
     assert f"http://127.0.0.1:{port}" in err
-    assert f"tiny: http://127.0.0.1:{port}/#/experiments/" in err and "workflowType=machine_learning" in err
+    assert runs_page in err and "workflowType=machine_learning" in err
     # Stopping `ui` stops its server: nothing answers on the port afterwards, and no traceback was printed.
     assert proc.returncode == 0 and "Traceback" not in err
     with pytest.raises(OSError):

@@ -23,7 +23,7 @@ from mlflow import MlflowClient
 
 from studyrunner.errors import StudyrunnerError
 from studyrunner.orchestrate import RerunSelection, RunOptions, ensure_ray, rerun, submit
-from studyrunner.orchestrate.capacity import DRIVER_CPU, check_cluster_fits, concurrent_runs
+from studyrunner.orchestrate.capacity import check_cluster_fits, concurrent_runs
 from studyrunner.store import CurveStore, Ledger
 from studyrunner.study import compile_study, loads
 from studyrunner.study.schema import Resources
@@ -131,15 +131,15 @@ def test_a_mixed_grid_runs_plain_cells_as_plain_trials():
     assert compiled.cells[0].cell_hash in hashes(study_text("mixed"))  # the plain cell is the plain study's
 
 
-def test_the_cluster_must_hold_the_driver_and_every_worker_at_once():
+def test_the_cluster_must_hold_every_worker_at_once_and_the_driver_takes_no_cpu():
     resources = Resources(cpu=1, workers=2)
-    one_node = [{"Alive": True, "Resources": {"CPU": 2.0}}]
-    with pytest.raises(StudyrunnerError, match=r"needs 2 workers of 1 CPU each .* cannot place them"):
-        check_cluster_fits(resources, one_node)  # 2 workers fit, but not with their driver
-    check_cluster_fits(resources, [{"Alive": True, "Resources": {"CPU": 2 + DRIVER_CPU}}])
+    one_node = [{"Alive": True, "Resources": {"CPU": 2.0, "memory": 8e9}}]
+    check_cluster_fits(resources, one_node)  # the README's example on a 2-CPU machine (issue 21: was refused)
+    with pytest.raises(StudyrunnerError, match=r"needs 3 workers of 1 CPU each .* cannot place them"):
+        check_cluster_fits(Resources(cpu=1, workers=3), one_node)
     two_small = [{"Alive": True, "Resources": {"CPU": 1.5}}, {"Alive": True, "Resources": {"CPU": 1.5}}]
-    check_cluster_fits(resources, two_small)  # one worker per node, the driver beside either
-    assert concurrent_runs(resources, {"CPU": 8.0}) == 3
+    check_cluster_fits(resources, two_small)  # one worker per node
+    assert concurrent_runs(resources, {"CPU": 8.0}) == 4
     assert concurrent_runs(Resources(cpu=1, gpu=1, workers=2), {"CPU": 64.0, "GPU": 2.0}) == 1
     assert concurrent_runs(resources, {"CPU": 1.0}) == 1
 
@@ -149,13 +149,24 @@ def test_the_cluster_must_hold_the_driver_and_every_worker_at_once():
 
 @pytest.fixture(scope="module")
 def ray_session():
-    if not HAVE_DEEPSPEED:
-        pytest.skip("deepspeed is not installed (the deepspeed extra)")
     import ray
 
-    ensure_ray(num_cpus=4)  # logical CPUs: three 2-worker runs at 0.5 CPU a worker, with their drivers
+    ensure_ray(num_cpus=4)  # logical CPUs: three 2-worker runs at 0.5 CPU a worker (their drivers take none)
     yield
     ray.shutdown()
+
+
+def test_workers_that_take_every_cpu_are_placed(ray_session, tmp_path):
+    """Two workers of 2 CPUs on the 4-CPU Ray: their Train driver reserves no CPU (issue 21: it reserved 0.1,
+    and such a study was refused). Without deepspeed installed the workers fail at its import: they ran."""
+    ws = Workspace.resolve(tmp_path)
+    text = study_text("full", DEEPSPEED, extra="resources: {cpu: 2, workers: 2}\n")
+    result = submit(compile_study(loads(text)), ws, show_progress=False)
+    (row,) = Ledger(ws.db_url).trials("full")
+    if HAVE_DEEPSPEED:
+        assert result.succeeded == [row.trial_key] and row.status == "succeeded"
+    else:
+        assert result.failed == [row.trial_key] and "deepspeed" in row.error, row.error
 
 
 @pytest.fixture(scope="module")

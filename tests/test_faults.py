@@ -6,6 +6,7 @@ Every test reads the outcome from the ledger and from MLflow (one run per trial,
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_STUDY
 from mlflow import MlflowClient
+from rich.console import Console
 
 from studyrunner.orchestrate import ensure_ray, submit
 from studyrunner.store import Ledger
@@ -108,6 +110,19 @@ def test_an_injected_divergence_ends_diverged_and_is_not_retried(ray_session, tm
     for key in diverged:
         (run,) = runs[key]
         assert run.data.tags["status"] == "diverged" and run.info.status == "FINISHED"
+
+
+def test_without_the_live_display_each_failed_trial_still_gets_its_line(ray_session, tmp_path, monkeypatch):
+    """`--no-progress` (show_progress=False) drops the live bar, not the `failed KEY: ...` line (issue 21)."""
+    ws = Workspace.resolve(tmp_path)
+    compiled = compile_study(loads(study_text("quiet")))
+    victim = compiled.trials[0].trial_key
+    monkeypatch.setenv("STUDYRUNNER_INJECT_FAULT", victim)
+    said = io.StringIO()
+    result = submit(compiled, ws, show_progress=False, console=Console(file=said, width=300))
+    assert result.failed == [victim] and len(result.succeeded) == 3
+    lines = [line for line in said.getvalue().splitlines() if line.startswith("failed ")]
+    assert lines == [f"failed {victim}: InjectedFault: injected fault in {victim} (STUDYRUNNER_INJECT_FAULT)"], lines
 
 
 def test_an_edit_that_changes_cells_that_ran_is_refused(ray_session, tmp_path):

@@ -24,9 +24,9 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    from studyrunner.orchestrate.runner import _quiet_ray_env
+    from studyrunner.orchestrate.ray_runtime import quiet_ray_env
 
-    _quiet_ray_env()
+    quiet_ray_env()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     worker = c.add_node(num_cpus=2)
     c.wait_for_nodes()

@@ -19,14 +19,14 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from conftest import TINY_STUDY
 from mlflow import MlflowClient
-from test_faults import EXE, TIMING, cli, finish, statuses, study_text, trial_runs, wait_for
+from test_faults import EXE, TIMING, cli, finish, ray_processes, statuses, study_text, trial_runs, wait_for
 
+from studyrunner.orchestrate.submission import stop_ray_session
 from studyrunner.store import CurveStore, Ledger
 from studyrunner.study import compile_study, loads
 from studyrunner.train import MemoryReporter, run_trial
@@ -128,7 +128,11 @@ def test_a_driver_killed_mid_trial_leaves_no_hole_and_racing_resumes_finish_it(t
     )
     driver.kill()
     driver.wait()
-    time.sleep(2)  # workers of the dead driver may go on checkpointing for a moment
+    # The dead driver's Ray outlives it, and its workers go on checkpointing: stop them (as the resumes' reaping
+    # would) and wait until none is left, so that the newest checkpoint stays the newest.
+    (dead,) = ledger_of(ws).dead_submissions("holes")
+    stop_ray_session(dead.ray_session_dir)
+    wait_for(lambda: not ray_processes(dead.ray_session_dir), timeout=120, what="the dead driver's Ray to end")
     held = {r.trial_key for r in ledger_of(ws).trials("holes") if r.status == "running"}
     assert first in held
 

@@ -3,9 +3,12 @@ the orchestrator (ledger + storage), the weights loaded by the trial from the te
 through the real stack (Ray Tune, the ledger, MLflow)."""
 
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
+from test_ledger import _set_submission
 from typer.testing import CliRunner
 
 from studyrunner.cli import app
@@ -116,6 +119,26 @@ def test_teachers_that_cannot_teach_fail_at_submit_in_one_line(trained, tmp_path
         assert "no final checkpoint" in refused(student(keys["looplm"], name="refused"))
     finally:
         shutil.copytree(kept, location["checkpoint"])
+
+
+def test_a_teacher_left_running_by_a_killed_submit_is_called_stale_with_the_resume_command(tmp_path):
+    """Its submit was killed mid-trial: the teacher is stale, not "running" (issue 21), and `resume` finishes it."""
+    ws = Workspace.resolve(tmp_path)
+    ledger = Ledger(ws.db_url)
+    teacher = compile_study(loads(TEACHER))
+    ledger.register(teacher)
+    key = next(t.trial_key for t in teacher.trials if t.config["model"]["family"] == "looplm")
+    submission = ledger.open_submission("teacher", "submit")
+    assert ledger.claim("teacher", [key], submission) == [key]
+    ledger.start_attempt(key, submission)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    _set_submission(ledger, submission, pid=int(gone.stdout))  # the submitting process was killed
+    assert ledger.trials_by_key([key])[0].status == "running"
+    with pytest.raises(StudyrunnerError) as err:
+        resolve_teachers(compile_study(loads(student(key))), ledger, ws)
+    said = str(err.value)
+    assert "\n" not in said and f"trial {key!r} is stale" in said and "is running" not in said, said
+    assert f"finish it with: studyrunner resume teacher --workspace {tmp_path}" in said, said
 
 
 def test_the_cli_says_what_is_wrong_with_a_teacher(trained, write_study):

@@ -82,11 +82,27 @@ def _renamed(study, name: str):
 
 
 def _run_and_report(run, ws, study_name: str) -> None:
-    """Run a submit/resume/rerun and say what happened; exit 130 when interrupted, 1 when trials failed or
-    a `cancel` stopped it. Every command it prints names the stores the user gave."""
+    """Run a submit/resume/rerun and say what happened; exit 130 when interrupted (Ctrl-C, SIGTERM), 1 when
+    trials failed, a `cancel` stopped it or the ledger's database stopped answering (then the trials it
+    held are left to `resume`). Every command it prints names the stores the user gave."""
+    try:
+        _report(run, ws, study_name)
+    except Exception as exc:
+        from sqlalchemy.exc import DBAPIError
+
+        if not isinstance(exc, DBAPIError):
+            raise
+        # The ledger's database went away mid-study: a PostgreSQL restart, a network cut.
+        raise StudyrunnerError(_ledger_lost(ws, study_name, exc)) from None
+
+
+def _report(run, ws, study_name: str) -> None:
+    from ..orchestrate.signals import sigterm_as_ctrl_c
+
     resume_hint = ws.hint("resume", study_name)
     try:
-        result = run()
+        with sigterm_as_ctrl_c():  # from the first moment, not only once trials run
+            result = run()
     except KeyboardInterrupt:  # before Ray Tune took over, or a second Ctrl-C: the ledger is released
         err.print(f"interrupted; unfinished trials are pending. Resume with: {resume_hint}", markup=False)
         raise typer.Exit(130) from None
@@ -115,6 +131,18 @@ def _run_and_report(run, ws, study_name: str) -> None:
     if result.failed:
         err.print(f"see errors: {ws.hint('status', result.study)}", markup=False)
         raise typer.Exit(1)
+
+
+def _ledger_lost(ws, study_name: str, exc) -> str:
+    from ..urls import mask_url
+    from ..workspace import hint
+
+    first = (str(exc.orig or exc).strip().splitlines() or [""])[0]
+    again = hint("resume", study_name, flags=tuple((k, mask_url(v)) for k, v in ws.flags))
+    return (
+        f"the results ledger {mask_url(ws.db_url)} stopped answering mid-study ({type(exc.orig or exc).__name__}: "
+        f"{first}); the trials this command held stay unfinished. Once the database answers again: {again}"
+    )
 
 
 @app.command()

@@ -5,8 +5,10 @@ from __future__ import annotations
 from ..errors import StudyrunnerError
 
 # What the Tune trial of a DeepSpeed trial reserves: it only drives a Ray Train run (orchestrate/distributed.py)
-# whose resources.workers workers reserve resources.cpu, gpu and memory_gb each.
-DRIVER_CPU = 0.1
+# whose resources.workers workers reserve resources.cpu, gpu and memory_gb each, so it takes no CPU (a share
+# of one would keep the last whole-CPU worker off a full node: `workers: 2, cpu: 1` on 2 CPUs). Ray Tune
+# cannot place a trial that asks for nothing at all, so it asks for one byte of memory.
+DRIVER_REQUEST = {"memory": 1.0}
 
 
 def trial_resources(resources, payload: dict | None = None) -> dict[str, float]:
@@ -14,7 +16,7 @@ def trial_resources(resources, payload: dict | None = None) -> dict[str, float]:
     payload names `workers`) is its Train driver's, as a placement-group bundle."""
     if payload is not None:
         if payload.get("workers"):
-            return {"CPU": DRIVER_CPU}
+            return dict(DRIVER_REQUEST)
         plain = trial_resources(resources)
         return {"CPU": plain["cpu"], "GPU": plain["gpu"], "memory": plain.get("memory", 0)}
     request = {"cpu": resources.cpu, "gpu": resources.gpu}
@@ -35,25 +37,14 @@ def concurrent_runs(resources, cluster: dict | None = None) -> int:
 
         cluster = ray.cluster_resources()
     per_run = {k: v * resources.workers for k, v in _worker_request(resources).items() if v}
-    per_run["CPU"] = per_run.get("CPU", 0) + DRIVER_CPU
     return max(1, int(min(cluster.get(k, 0) // v for k, v in per_run.items())))
 
 
 def _workers_fit(resources, alive: list[dict]) -> bool:
-    """Can the driver and every worker of one DeepSpeed trial be placed at once (on some node for the
-    driver, the workers packed into what is left)?"""
+    """Can every worker of one DeepSpeed trial be placed at once (packed into the nodes; its driver
+    reserves nothing that counts)?"""
     wanted = {k: v for k, v in _worker_request(resources).items() if v}
-
-    def slots(have: dict) -> int:
-        return int(min(have.get(k, 0) // v for k, v in wanted.items()))
-
-    for i, host in enumerate(alive):
-        if host.get("CPU", 0) < DRIVER_CPU:
-            continue
-        left = [dict(n, CPU=n.get("CPU", 0) - DRIVER_CPU) if j == i else n for j, n in enumerate(alive)]
-        if sum(slots(n) for n in left) >= resources.workers:
-            return True
-    return False
+    return sum(int(min(n.get(k, 0) // v for k, v in wanted.items())) for n in alive) >= resources.workers
 
 
 def check_cluster_fits(resources, nodes: list[dict] | None = None) -> None:
@@ -71,7 +62,7 @@ def check_cluster_fits(resources, nodes: list[dict] | None = None) -> None:
                 f"a DeepSpeed trial needs {resources.workers} workers of {resources.cpu:g} CPU"
                 + (f", {resources.gpu:g} GPU" if resources.gpu else "")
                 + (f", {resources.memory_gb:g} GB" if resources.memory_gb else "")
-                + f" each (resources.workers, resources.cpu, ...) and {DRIVER_CPU:g} CPU to drive them at once; "
+                + f" each (resources.workers, resources.cpu, ...) at once; "
                 f"the Ray cluster ({total:g} CPU in all) cannot place them: lower resources.workers or "
                 "resources.cpu, or add nodes"
             )

@@ -1,8 +1,9 @@
 """A DeepSpeed trial's attempt (`train.engine: deepspeed`): a Ray Train `TorchTrainer` inside its Tune trial.
 
-The Tune trial is the Train run's driver, as Ray's Train-in-Tune guide has it: it reserves only
-`capacity.DRIVER_CPU` and starts `resources.workers` Train workers, each with `resources.cpu` (also its torch
-threads), `resources.gpu` and `resources.memory_gb`, in a process group (gloo on CPUs, nccl on GPUs).
+The Tune trial is the Train run's driver, as Ray's Train-in-Tune guide has it: it reserves no CPU
+(`capacity.DRIVER_REQUEST`) and starts `resources.workers` Train workers, each with `resources.cpu` (also
+its torch threads), `resources.gpu` and `resources.memory_gb`, in a process group (gloo on CPUs, nccl on
+GPUs).
 Every worker runs the same `run_trial`, whose DeepSpeed engine calls `deepspeed.initialize`
 (train/deepspeed_engine.py). The run gets no retries of its own (`FailureConfig(max_failures=0)`):
 a retry is a new attempt of the Tune trial, recorded like any other trial's, resuming from the trial's

@@ -1,4 +1,5 @@
-"""Live terminal progress for a submission: trials done/running/failed, steps, ETA."""
+"""Terminal progress for a submission: a live bar (trials done/running/failed, steps, ETA), and one line per
+trial that fails, diverges or is retried, which `--no-progress` keeps (it drops only the bar)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from .recorder import _error_text
 class ProgressDisplay(DriverCallback):
     """Counts trials by state and shows overall progress in optimizer steps (a fair ETA basis)."""
 
-    def __init__(self, steps_by_key: dict[str, int], console: Console | None = None):
-        self.steps_by_key = steps_by_key
+    def __init__(self, steps_by_key: dict[str, int], console: Console | None = None, live: bool = True):
+        self.steps_by_key, self.live = steps_by_key, live
         self.done_steps: dict[str, int] = {}
         self.running: set[str] = set()
         self.finished: set[str] = set()
@@ -59,12 +60,14 @@ class ProgressDisplay(DriverCallback):
         self.progress.update(self.task, completed=sum(self.done_steps.values()), counts=self._counts())
 
     def __enter__(self) -> ProgressDisplay:
-        self.progress.start()
+        if self.live:
+            self.progress.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._refresh()
-        self.progress.stop()
+        if self.live:
+            self.progress.stop()
 
     @staticmethod
     def _keys(trial) -> list[str]:

@@ -7,17 +7,13 @@ them, and release whatever did not finish, even after a second Ctrl-C.
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
+from sqlalchemy.exc import DBAPIError
 
 from ..errors import StudyrunnerError
 from ..store import STATUSES, CurveStore, Ledger
@@ -31,6 +27,7 @@ from .capacity import check_cluster_fits, concurrent_runs, trial_resources, tria
 from .driver_callback import CancelStopper
 from .faults import driver_kills, fault_injected, injections_for
 from .progress import ProgressDisplay
+from .ray_runtime import ensure_ray
 from .recorder import Recorder
 from .selection import RerunSelection
 from .signals import interrupts_deferred, sigterm_as_ctrl_c
@@ -57,68 +54,6 @@ class SubmitResult:
     @property
     def ran(self) -> int:
         return len(self.succeeded) + len(self.failed) + len(self.diverged)
-
-
-def _quiet_ray_env() -> None:
-    # Ray 2.60 writes an auth token under $HOME unless told this is local, unauthenticated use.
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    os.environ.setdefault("TUNE_MAX_PENDING_TRIALS_PG", "auto")
-    # Tune's end-of-run advice (Tuner.restore, missing result files of unstarted trials) is not how a
-    # study resumes: resubmitting the study file is. The CLI says so itself.
-    for name in ("ray.tune.tune", "ray.tune.analysis.experiment_analysis"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    # A failed trial is shown as one line by the progress display; its full traceback is in the ledger
-    # and MLflow, not repeated ~30 lines deep on the console for every attempt.
-    for name in ("ray.tune.execution.tune_controller", "ray.tune.tune"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    # "Processing trial results took 1.4 s": the driver's first MLflow writes, not a user's concern.
-    logging.getLogger("ray.tune.utils.util").setLevel(logging.ERROR)
-    # A resumed attempt's replay report (a list of records) is not a value TensorBoard can log; the curve has it.
-    logging.getLogger("ray.tune.logger.tensorboardx").setLevel(logging.ERROR)
-
-
-def _check_reachable(address: str) -> None:
-    """Ray retries an unreachable head for minutes; a TCP probe says so in two seconds."""
-    if address == "auto" or ":" not in address:
-        return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=2).close()
-    except (OSError, ValueError) as exc:
-        raise StudyrunnerError(
-            f"cannot reach the Ray cluster at {address!r}: {exc} (check --address / RAY_ADDRESS)"
-        ) from None
-
-
-def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
-    """Start a local Ray (or join `address` / $RAY_ADDRESS). True if this call started it."""
-    import ray
-
-    _quiet_ray_env()
-    if ray.is_initialized():
-        return False
-    address = address or os.environ.get("RAY_ADDRESS")
-    kwargs: dict = {
-        "include_dashboard": False,
-        "log_to_driver": False,
-        "logging_level": logging.WARNING,
-        "configure_logging": True,
-    }
-    if address:
-        _check_reachable(address)
-        try:
-            ray.init(address=address, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - Ray raises several types for an unreachable cluster
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise StudyrunnerError(
-                f"cannot join the Ray cluster at {address!r}: {first} (check --address / RAY_ADDRESS)"
-            ) from None
-    else:
-        # Unix socket paths are limited to 107 characters, so Ray's session folder must be short.
-        temp_dir = Path(tempfile.gettempdir()) / f"sr-ray-{os.getuid()}"
-        ray.init(num_cpus=num_cpus, _temp_dir=str(temp_dir), **kwargs)
-    return True
 
 
 @dataclass(frozen=True)
@@ -397,10 +332,10 @@ def _run(
         submission.close()
         _mend_tracking(ledger, tracker, workspace, study.name, console)
         return result
-    recorder, started_ray = None, False
+    recorder, started_ray, unwritten = None, False, None
     try:
         with sigterm_as_ctrl_c(), submission:
-            started_ray = ensure_ray(options.address)
+            started_ray = ensure_ray(options.address)  # which puts our SIGTERM handler back after Ray's
             if started_ray:
                 ledger.set_ray_session(submission.id, _ray_session_dir())
             check_cluster_fits(study.resources)
@@ -425,13 +360,9 @@ def _run(
             result.wall_time_s = time.perf_counter() - started
     finally:
         with interrupts_deferred():  # a second Ctrl-C must not leave trials `running`
-            if recorder is not None:
-                recorder.abandon(cancelled=submission.cancelled.is_set())
-            submission.close()
-            if started_ray:
-                import ray
-
-                ray.shutdown()
+            unwritten = _release(recorder, submission, started_ray)
+    if unwritten is not None:  # the study ended, but its end could not be written
+        raise unwritten
     if recorder is not None and recorder.mlflow.down:
         console.print(
             f"MLflow missed records of {len(recorder.dirty)} trials (the ledger has them): "
@@ -450,6 +381,24 @@ def _run(
         }.get(row.status, result.interrupted)
         bucket.append(row.trial_key)
     return result
+
+
+def _release(recorder: Recorder | None, submission: Submission, started_ray: bool) -> Exception | None:
+    """Release what this command holds (unfinished trials back to pending, or cancelled) and stop the Ray it
+    started. A ledger that cannot be written then (its database went away mid-study) leaves the trials to
+    the next `resume`, which finds this process gone; Ray is stopped all the same. Returns that error."""
+    try:
+        if recorder is not None:
+            recorder.abandon(cancelled=submission.cancelled.is_set())
+        submission.close()
+    except DBAPIError as exc:
+        return exc
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+    return None
 
 
 def _mend_tracking(ledger: Ledger, tracker: Tracker, workspace: Workspace, study: str, console: Console) -> None:
@@ -597,8 +546,9 @@ def _fit(
 
     from .trainable import trainable
 
-    progress = ProgressDisplay({t.trial_key: t.config["train"]["steps"] for t in to_run}, console=console)
-    callbacks = [recorder, progress] if options.show_progress else [recorder]
+    steps = {t.trial_key: t.config["train"]["steps"] for t in to_run}
+    progress = ProgressDisplay(steps, console=console, live=options.show_progress)
+    callbacks = [recorder, progress]
     retries = study.retries if options.max_failures is None else options.max_failures
     distributed = study.resources.workers is not None
     if distributed:  # a DeepSpeed trial's Tune trial reserves little: its Train workers reserve the rest
@@ -639,10 +589,7 @@ def _fit(
             failure_config=tune.FailureConfig(max_failures=retries),
         ),
     )
-    if options.show_progress:
-        with progress:
-            tuner.fit()
-    else:
+    with progress:
         tuner.fit()
     # Trials Tune did not finish (Ctrl-C, `cancel`, a cluster that went away) are released by the
     # submission: pending (or cancelled) in the ledger, and so in MLflow (recorder.abandon).

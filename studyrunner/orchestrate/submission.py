@@ -50,7 +50,8 @@ class Submission:
                 if self.ledger.heartbeat(self.id):
                     self.cancelled.set()
             except Exception as exc:  # noqa: BLE001 - a ledger hiccup must not end the study
-                log.warning("could not write the submission heartbeat: %s", exc)
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                log.warning("could not write the submission heartbeat: %s", first)
 
     def close(self) -> list[str]:
         """Release the leases: unfinished trials go back to pending (cancelled, if asked to cancel)."""

@@ -50,7 +50,7 @@ def resolve_teachers(compiled, ledger: Ledger, workspace: Workspace) -> dict[str
         if row is None:
             raise fail("is not in the ledger; submit the looplm study that trains it first (same --db)")
         if row.status != "succeeded":
-            raise fail(f"is {row.status}, not succeeded: a teacher must have finished training")
+            raise fail(_unfinished(row, ledger, workspace))
         config = next(c.config for c in ledger.cells(row.study) if c.cell_hash == row.cell_hash)
         if config["model"]["family"] not in TEACHER_FAMILIES:
             raise fail(f"is a {config['model']['family']!r} trial; a teacher must be one of {TEACHER_FAMILIES}")
@@ -65,6 +65,18 @@ def resolve_teachers(compiled, ledger: Ledger, workspace: Workspace) -> dict[str
             if problem:
                 raise StudyrunnerError(f"{source}: model.params.teacher: cell '{cell.label}': trial {key!r} {problem}")
     return resolved
+
+
+def _unfinished(row, ledger: Ledger, workspace: Workspace) -> str:
+    """Why an unfinished teacher cannot teach yet, and what finishes it."""
+    if row.trial_key in ledger.stale_keys(row.study):
+        return (
+            f"is stale: the submit that ran it (study {row.study!r}) stopped without finishing it (killed, or "
+            f"its machine went down); finish it with: {workspace.hint('resume', row.study)}, then submit again"
+        )
+    if row.status == "running":
+        return f"is still running (study {row.study!r}); submit again once it has succeeded"
+    return f"is {row.status}, not succeeded: a teacher must have finished training"
 
 
 def fit_problem(student: dict[str, Any], teacher: dict[str, Any]) -> str | None:

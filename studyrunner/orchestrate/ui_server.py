@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import StudyrunnerError
 
-READY_TIMEOUT_S = 90
+READY_TIMEOUT_S = 300  # a fresh server took 60 s to answer on a loaded 2-core machine
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

@@ -134,14 +134,11 @@ def _report(run, ws, study_name: str) -> None:
 
 
 def _ledger_lost(ws, study_name: str, exc) -> str:
-    from ..urls import mask_url
-    from ..workspace import hint
-
     first = (str(exc.orig or exc).strip().splitlines() or [""])[0]
-    again = hint("resume", study_name, flags=tuple((k, mask_url(v)) for k, v in ws.flags))
     return (
         f"the results ledger {mask_url(ws.db_url)} stopped answering mid-study ({type(exc.orig or exc).__name__}: "
-        f"{first}); the trials this command held stay unfinished. Once the database answers again: {again}"
+        f"{first}); the trials this command held stay unfinished. Once the database answers again: "
+        f"{ws.hint('resume', study_name)}"
     )
 
 

@@ -88,12 +88,25 @@ def _run_and_report(run, ws, study_name: str) -> None:
     try:
         _report(run, ws, study_name)
     except Exception as exc:
-        from sqlalchemy.exc import DBAPIError
-
-        if not isinstance(exc, DBAPIError):
+        lost = _database_error(exc)
+        if lost is None:
             raise
         # The ledger's database went away mid-study: a PostgreSQL restart, a network cut.
-        raise StudyrunnerError(_ledger_lost(ws, study_name, exc)) from None
+        raise StudyrunnerError(_ledger_lost(ws, study_name, lost)) from None
+
+
+def _database_error(exc: BaseException):
+    """The database error behind `exc`: itself, or the one a Tune callback (the recorder) raised, which Tune
+    re-raises as a TuneError holding only its traceback's text, the original as its context."""
+    from sqlalchemy.exc import DBAPIError
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, DBAPIError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _report(run, ws, study_name: str) -> None:

@@ -131,15 +131,27 @@ def test_describe_intervals_and_iqm():
     ten = stats.describe([*x, 0.59, 0.65])
     assert ten["bca_lo"] < ten["mean"] < ten["bca_hi"]
     # the IQM drops the outlying seed's influence: above the mean, inside its own (Yuen) interval, which
-    # uses the winsorised sd and h - 1 = 3 degrees of freedom
+    # uses the winsorised sd, the one-sample se s_w / ((1 - 2·0.25)·√n) and h - 1 = 3 degrees of freedom
     assert d["iqm"] == pytest.approx(np.mean(sorted(x)[2:6]))
     w = np.clip(x, sorted(x)[2], sorted(x)[5])
-    half = 3.182446305284263 * math.sqrt(7 * np.var(w, ddof=1) / (4 * 3))  # t(0.975, 3)
+    half = 3.182446305284263 * np.std(w, ddof=1) / (0.5 * math.sqrt(8))  # t(0.975, 3)
     assert (d["iqm_lo"], d["iqm_hi"]) == pytest.approx((d["iqm"] - half, d["iqm"] + half))
     assert d["iqm"] > d["mean"] and d["iqm_lo"] <= d["iqm"] <= d["iqm_hi"]
     # too few seeds: NaN intervals, not errors
     one = stats.describe([0.5])
     assert one["n"] == 1 and math.isnan(one["sd"]) and math.isnan(one["t_lo"]) and math.isnan(one["bca_lo"])
+
+
+def test_one_sample_yuen_uses_the_one_sample_standard_error():
+    """Issue 22: the one-sample Yuen se took the two-sample formula √((n − 1)·s_w² / (h·(h − 1))), 1.22x
+    too wide at n = 4 (Wilcox's one-sample se is s_w / ((1 − 2γ)·√n)); below 4 values nothing is trimmed
+    and it is the t-interval of the mean."""
+    x = [0.61, 0.63, 0.58, 0.70]
+    lo, hi = stats.yuen_interval(x)
+    w = np.clip(x, 0.61, 0.63)
+    half = 12.706204736174698 * np.std(w, ddof=1) / (0.5 * math.sqrt(4))  # t(0.975, h - 1 = 1)
+    assert (lo, hi) == pytest.approx((0.62 - half, 0.62 + half))
+    assert stats.yuen_interval([0.5, 0.6, 0.8]) == pytest.approx(stats.t_interval([0.5, 0.6, 0.8]))
 
 
 def test_paired_difference_uses_shared_seeds_only():

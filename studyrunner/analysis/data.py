@@ -22,6 +22,7 @@ import pandas as pd
 from ..errors import SpecError, StudyrunnerError
 from ..store import CurveStore, Ledger
 from ..study.claims_grammar import GrammarError, Rule, parse_rule, selector_column, values_equal
+from ..study.schema import ClaimEntry
 from .search import search_frame
 
 DONE = ("succeeded", "failed", "diverged")
@@ -38,7 +39,7 @@ class StudyData:
     trials: pd.DataFrame
     metric: str = "eval_accuracy"
     mode: str = "max"
-    claims: list[str] = field(default_factory=list)
+    claims: list[ClaimEntry] = field(default_factory=list)  # each a claim text and its min_effect
     failure_rule: Rule | None = None
     missing: int = 0  # trials of the study (file) that have not finished
     experiment_id: str | None = None
@@ -295,10 +296,11 @@ def from_frame(
     metric: str = "eval_accuracy",
     mode: str = "max",
     failure: str | None = None,
-    claims: list[str] | None = None,
+    claims: list | None = None,
     analysis: dict[str, Any] | None = None,
 ) -> StudyData:
-    """A StudyData from a trials frame in `results.trials_frame`'s shape (tests, notebooks)."""
+    """A StudyData from a trials frame in `results.trials_frame`'s shape (tests, notebooks); `claims`:
+    strings, mappings {claim, min_effect} or ClaimEntry."""
     rule = parse_rule(failure) if failure else None
     trials = annotate(trials.reset_index(drop=True), rule)
     return StudyData(
@@ -306,7 +308,7 @@ def from_frame(
         trials,
         metric,
         mode,
-        list(claims or []),
+        [ClaimEntry.model_validate(c) for c in claims or []],
         rule,
         int((~trials.status.isin(DONE)).sum()),
         cells_order=list(dict.fromkeys(trials.cell_hash)),

@@ -38,6 +38,27 @@ def _clean(values) -> np.ndarray:
     return x[np.isfinite(x)]
 
 
+def one_sided_t(estimate: float, se: float, df: float, alpha: float, null: float = 0.0) -> dict[str, float]:
+    """The t-test of `estimate` (standard error `se`, `df` degrees of freedom) against `null`, both ways:
+    {lo, hi, p_up, p_down}: p_up is the one-sided p of "greater than null", p_down of "less", and [lo, hi]
+    the two one-sided (1 − alpha) bounds (a two-sided 1 − 2·alpha interval), so lo > null exactly when
+    p_up < alpha. NaN without a finite se and df; a zero se gives a point (p 0 or 1)."""
+    nan = {"lo": math.nan, "hi": math.nan, "p_up": math.nan, "p_down": math.nan}
+    if not (np.isfinite(estimate) and np.isfinite(se) and np.isfinite(df)) or df <= 0:
+        return nan
+    if se <= 0:
+        above, below = estimate > null, estimate < null
+        return {"lo": estimate, "hi": estimate, "p_up": 0.0 if above else 1.0, "p_down": 0.0 if below else 1.0}
+    half = stats.t.ppf(1 - alpha, df) * se
+    t = (estimate - null) / se
+    return {
+        "lo": estimate - half,
+        "hi": estimate + half,
+        "p_up": float(stats.t.sf(t, df)),
+        "p_down": float(stats.t.cdf(t, df)),
+    }
+
+
 def t_interval(values, confidence: float = CONFIDENCE) -> tuple[float, float]:
     x = _clean(values)
     if len(x) < 2:
@@ -46,34 +67,56 @@ def t_interval(values, confidence: float = CONFIDENCE) -> tuple[float, float]:
     return (float(x.mean() - half), float(x.mean() + half))
 
 
-def yuen_interval(values, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Yuen's t-interval of the interquartile (25%-trimmed) mean: the winsorised variance, h − 1 degrees of
-    freedom for the h values kept (Wilcox, "Introduction to Robust Estimation", 4.3), trimming as
-    `trim_mean` does (floor(n/4) a side; scipy's `mstats.trimmed_mean_ci` rounds instead, and fails when
-    told to truncate). Below 4 values nothing is trimmed and it is the t-interval of the mean."""
-    x = np.sort(_clean(values))
+def _trimmed(x: np.ndarray) -> tuple[float, float, int, int]:
+    """(trimmed mean, winsorised variance, n, h) of sorted values, trimming floor(n/4) a side as
+    `trim_mean` does (scipy's `mstats.trimmed_mean_ci` rounds instead)."""
     n = len(x)
-    if n < 2:
-        return (math.nan, math.nan)
     g = int(IQM_TRIM * n)
-    h = n - 2 * g
-    if h < 2:
-        return (math.nan, math.nan)
     winsorised = np.clip(x, x[g], x[n - g - 1])
-    se = math.sqrt((n - 1) * winsorised.var(ddof=1) / (h * (h - 1)))
-    centre = float(stats.trim_mean(x, IQM_TRIM))
-    half = stats.t.ppf(0.5 + confidence / 2, h - 1) * se
-    return (float(centre - half), float(centre + half))
+    return float(stats.trim_mean(x, IQM_TRIM)), float(winsorised.var(ddof=1)), n, n - 2 * g
 
 
-def yuen_difference(a, b, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
-    """(lo, hi, p) of IQM(a) − IQM(b): Yuen's two-sample trimmed t (`scipy.stats.ttest_ind(trim=0.25)`)."""
-    a, b = _clean(a), _clean(b)
-    if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0):
+def yuen_one(values) -> tuple[float, float, float]:
+    """(IQM, se, df) of one sample: the Tukey-McLaughlin standard error of the trimmed mean,
+    se = s_w / ((1 − 2γ)·√n) with the winsorised sd s_w and γ = g/n the share trimmed a side (g = floor(n/4):
+    Wilcox's γ = 0.25 at n = 4, 8, ...; nothing trimmed below 4 values, where it is the t-test's s/√n),
+    on h − 1 degrees of freedom for the h values kept (Wilcox, "Introduction to Robust Estimation and
+    Hypothesis Testing", 4.4.3). NaN below 2 values or with fewer than 2 kept."""
+    x = np.sort(_clean(values))
+    if len(x) < 2:
         return (math.nan, math.nan, math.nan)
-    res = stats.ttest_ind(a, b, equal_var=False, trim=IQM_TRIM)
-    ci = res.confidence_interval(confidence)
-    return (float(ci.low), float(ci.high), float(res.pvalue))
+    centre, var_w, n, h = _trimmed(x)
+    if h < 2:
+        return (centre, math.nan, math.nan)
+    se = math.sqrt(var_w) / ((h / n) * math.sqrt(n))
+    return (centre, se, float(h - 1))
+
+
+def yuen_two(a, b) -> tuple[float, float, float]:
+    """(IQM(a) − IQM(b), se, df) of Yuen's two-sample trimmed t (Wilcox 5.3; `scipy.stats.ttest_ind(
+    trim=0.25, equal_var=False)` gives the same t and df): d_j = (n_j − 1)·s_wj² / (h_j·(h_j − 1)),
+    se = √(d_a + d_b), Welch-Satterthwaite df on h_j − 1."""
+    a, b = np.sort(_clean(a)), np.sort(_clean(b))
+    if len(a) < 2 or len(b) < 2:
+        return (math.nan, math.nan, math.nan)
+    (ca, va, na, ha), (cb, vb, nb, hb) = _trimmed(a), _trimmed(b)
+    if ha < 2 or hb < 2:
+        return (ca - cb, math.nan, math.nan)
+    da, db = (na - 1) * va / (ha * (ha - 1)), (nb - 1) * vb / (hb * (hb - 1))
+    se = math.sqrt(da + db)
+    denom = da**2 / (ha - 1) + db**2 / (hb - 1)
+    df = (da + db) ** 2 / denom if denom > 0 else float(ha + hb - 2)
+    return (ca - cb, se, float(df))
+
+
+def yuen_interval(values, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Yuen's t-interval of the interquartile (25%-trimmed) mean (`yuen_one`). Below 4 values nothing is
+    trimmed and it is the t-interval of the mean."""
+    centre, se, df = yuen_one(values)
+    if not (np.isfinite(se) and np.isfinite(df)):
+        return (math.nan, math.nan)
+    half = stats.t.ppf(0.5 + confidence / 2, df) * se
+    return (float(centre - half), float(centre + half))
 
 
 def median_interval(values, confidence: float = CONFIDENCE) -> tuple[float, float]:

@@ -30,7 +30,7 @@ def check_claims(compiled: CompiledStudy, reports: Callable[[str], bool], report
     paths = list(dict.fromkeys(p for f in flat for p in f))
     varied = [p for p in paths if len({repr(f.get(p)) for f in flat}) > 1]
     searched = set(study.search.space) if study.search is not None else set()
-    for i, text in enumerate(study.claims):
+    for i, text in enumerate(study.claim_texts):
 
         def fail(msg: str, i=i, text=text) -> None:
             raise spec_error(study.source, study._node, ("claims", i), f"{text!r}: {msg}")

@@ -47,10 +47,19 @@ def dotted(loc: tuple[Any, ...]) -> str:
 
 def _fields_at(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str] | None:
     """Valid keys of the (nested) pydantic model that `loc` points into, if known."""
+    items = None  # the model of a list's items, when the last part was a list of models (`claims:`)
     for part in loc:
+        if isinstance(part, int) and items is not None:
+            model, items = items, None
+            continue
         if model is None or not isinstance(part, str) or part not in model.model_fields:
             return None
         annotation = model.model_fields[part].annotation
+        if typing.get_origin(annotation) is list:
+            (item,) = typing.get_args(annotation) or (None,)
+            items = item if isinstance(item, type) and issubclass(item, BaseModel) else None
+            model = None
+            continue
         members = [a for a in typing.get_args(annotation) if a is not type(None)]
         if len(members) == 1:  # an optional section (`search:`)
             annotation = members[0]

@@ -52,9 +52,22 @@ from scipy import stats as sps
 from ..errors import StudyrunnerError
 from ..study.claims_grammar import Claim, GrammarError, Number, Quantity, parse_claim
 from ..study.schema import ClaimEntry
-from . import fits, robust
+from . import exact, fits, robust
 from .data import StudyData
-from .stats import MIN_BOOTSTRAP_SEEDS, N_RESAMPLES, SEED, bootstrap_draws, iqm, one_sided_t, yuen_one, yuen_two
+from .stats import (
+    BIMODAL_GAP,
+    MIN_BOOTSTRAP_SEEDS,
+    N_RESAMPLES,
+    SEED,
+    VERIFY_SEPARATION,
+    bimodality,
+    bootstrap_draws,
+    iqm,
+    metric_scale,
+    one_sided_t,
+    yuen_one,
+    yuen_two,
+)
 
 SUPPORTED, CONTRADICTED, INCONCLUSIVE, INVALID = "supported", "contradicted", "inconclusive", "invalid"
 PENDING = "pending"
@@ -206,6 +219,7 @@ def _slope_fit(data: StudyData, q: Quantity, rows: pd.DataFrame):
     f = fits.fit(x, y, "loglinear" if q.log_x else "linear", extrapolate=False, clusters=seeds)
     if f is None:
         raise _Invalid(f"slope needs seeds with a value at 2+ distinct values of {q.x}")
+    f.trial_keys = ok["trial_key"].to_numpy()  # every point is kept (finite, x > 0): aligned with f.x
     return f
 
 
@@ -297,16 +311,77 @@ def _evaluate(data: StudyData, claim: Claim, v: Verdict) -> Verdict:
         if lhs.kind == "failure_rate":
             return _failure_rate_vs_number(v, rows, greater, rhs.value)
         if lhs.kind == "slope":
-            return _slope_vs_number(v, _slope_fit(data, lhs, rows), lhs, greater, rhs.value)
-        return _location_vs_number(v, rows, lhs, greater, rhs.value)
+            f = _slope_fit(data, lhs, rows)
+            return _slope_vs_number(v, f, lhs, greater, rhs.value, _irregular(data, [(rows, lhs.metric)]))
+        irregular = _irregular(data, [(rows, lhs.metric)])
+        if not irregular and data.failure_rule is not None and lhs.kind != "median":
+            irregular = (
+                f"the study's failure rule ({data.failure_rule.text}) says seeds may fail, and a {lhs.kind} "
+                "against a number mixes failed and learned seeds in a share a few seeds cannot pin down"
+            )
+        return _location_vs_number(v, rows, lhs, greater, rhs.value, irregular)
     if lhs.kind != rhs.kind and not (lhs.kind in _STATISTICS and rhs.kind in _STATISTICS):
         raise _Malformed(f"cannot compare {lhs.kind} with {rhs.kind}")
     a_rows, b_rows = _rows(data, lhs), _rows(data, rhs)
     if lhs.kind == "failure_rate":
         return _failure_rates(v, a_rows, b_rows, greater)
+    irregular = _irregular(data, [(a_rows, lhs.metric), (b_rows, rhs.metric)])
     if lhs.kind == "slope":
-        return _slopes(v, _slope_fit(data, lhs, a_rows), _slope_fit(data, rhs, b_rows), lhs, rhs, greater)
-    return _locations(v, a_rows, b_rows, lhs, rhs, greater)
+        fa, fb = _slope_fit(data, lhs, a_rows), _slope_fit(data, rhs, b_rows)
+        return _slopes(v, fa, fb, lhs, rhs, greater, irregular)
+    return _locations(v, a_rows, b_rows, lhs, rhs, greater, irregular)
+
+
+def _irregular(data: StudyData, parts: list[tuple[pd.DataFrame, str]]) -> str:
+    """Why no t-test describes the seeds a claim rests on ("" when one does): the trials of its cells are
+    split by failure (status or the `failure:` rule: some failed, some did not), or a cell's seeds are
+    bimodal (`stats.bimodality`: two clusters far apart for their spread, seen from 3 seeds). The split is
+    read off all the claim's trials together, which the randomisation tests leave unchanged, so those tests
+    stay exact given that they were chosen. Ties at a bound are `_tied`'s."""
+    rows = pd.concat([r for r, _ in parts])
+    failed = rows.failed.astype(bool)
+    if failed.any() and not failed.all():
+        return f"the failure rule splits these seeds ({int(failed.sum())} of {len(rows)} trials failed)"
+    for r, metric in parts:
+        if metric is None or metric not in r:
+            continue
+        scale = metric_scale(data, metric) or 0.0
+        for _, cell in r.groupby("cell_hash", sort=False):
+            if bimodality(cell[metric], scale, BIMODAL_GAP * scale, VERIFY_SEPARATION)[0]:
+                return f"cell {cell.cell.iloc[0]} is bimodal (its seeds form two clusters)"
+    return ""
+
+
+def _tied(*values) -> str:
+    """Two or more of the test's values (one per seed and side, pooled) tie at the largest or the smallest,
+    as accuracies at a ceiling of 1 do: a t-test on such values degenerates (a zero spread gives p = 0), so
+    a randomisation test decides (`_irregular`'s reasons come first)."""
+    pooled = np.concatenate([np.asarray(v, dtype=float) for v in values]) if values else np.empty(0)
+    pooled = pooled[np.isfinite(pooled)]
+    for end in (pooled.max(), pooled.min()) if len(pooled) > 1 else ():
+        ties = int((pooled == end).sum())
+        if ties >= 2:
+            return f"{ties} values tie at {end:g} (a bound, such as an accuracy of 1)"
+    return ""
+
+
+def _no_spread(se: float, *values) -> bool:
+    """The t-test's standard error is zero, or float noise next to the values' scale."""
+    scale = max([float(np.max(np.abs(v))) for v in values if len(v)] + [1e-300])
+    return bool(np.isfinite(se) and se <= 1e-12 * scale)
+
+
+def _cannot_decide(v: Verdict, q: Quantity, reason: str, against_number: bool = False) -> Verdict:
+    """Inconclusive, saying why no test of this quantity holds its level here and what would decide it."""
+    where = f"[{', '.join(f'{k}={val}' for k, val in q.selector)}]" if q.selector else ""
+    v.lo = v.hi = math.nan
+    v.test = "no test holds its level here"
+    what = f"a {q.kind} against a number" if against_number else f"a difference of {q.kind}s"
+    v.detail = (
+        f"cannot decide: {reason}, and no test of {what} holds its level on such seeds; a failure-rate claim "
+        f"decides it, e.g. failure_rate{where} < 0.5 with a `failure:` rule (its exact binomial test holds)"
+    )
+    return v
 
 
 def _shifted(v: Verdict, res: dict, c: float) -> None:
@@ -317,25 +392,30 @@ def _shifted(v: Verdict, res: dict, c: float) -> None:
 # --- means, IQMs, medians ----------------------------------------------------------------------------
 
 
-def _location_vs_number(v: Verdict, rows: pd.DataFrame, q: Quantity, greater: bool, c: float) -> Verdict:
+def _location_vs_number(v: Verdict, rows: pd.DataFrame, q: Quantity, greater: bool, c: float, irregular: str):
     values = _by_seed(rows, q.metric)
     x = values.to_numpy(float)
     cells = rows.cell_hash.nunique()
     v.lhs = _statistic(q.kind, x)
+    v.estimate = v.lhs - c
     v.seeds = (len(x),)
     per = "per-seed means over cells" if cells > 1 else "seeds"
     v.detail = f"n={len(x)} seeds in {cells} cell(s)"
-    if q.kind == "median":
+    if q.kind == "median":  # the sign test holds on any seeds
         return _median_vs_number(v, x, greater, c)
     if q.kind == "mean":
         n = len(x)
-        res = one_sided_t(v.lhs, x.std(ddof=1) / math.sqrt(n), n - 1, v.alpha, c) if n >= 2 else _NO_TEST
+        centre, se, df = (v.lhs, x.std(ddof=1) / math.sqrt(n), n - 1) if n >= 2 else (v.lhs, math.nan, math.nan)
         v.test = f"one-sample t over {per}"
     else:
         centre, se, df = yuen_one(x)
-        res = one_sided_t(centre, se, df, v.alpha, c)
         v.test = f"one-sample Yuen trimmed t of the IQM over {per}"
+    irregular = irregular or _tied(x) or ("the seeds have no spread" if _no_spread(se, x) else "")
+    if irregular:
+        return _cannot_decide(v, q, irregular, against_number=True)
+    res = one_sided_t(centre, se, df, v.alpha, c)
     _shifted(v, res, c)
+    v.extra["design"] = {"test": "t1" if q.kind == "mean" else "yuen1", "x": x, "null": c, "greater": greater}
     return _conclude(v, greater, res["p_up"], res["p_down"])
 
 
@@ -354,49 +434,85 @@ def _median_vs_number(v: Verdict, x: np.ndarray, greater: bool, c: float) -> Ver
     hi = down.confidence_interval(1 - v.alpha).high
     _shifted(v, {"lo": float(lo), "hi": float(hi)}, c)
     v.test = "exact sign test of the median (order-statistic bounds; decides nothing below 5 seeds)"
+    v.extra["design"] = {"test": "sign", "x": x, "null": c, "greater": greater}
     return _conclude(v, greater, up.pvalue, down.pvalue)
 
 
-def _locations(v: Verdict, a_rows, b_rows, qa: Quantity, qb: Quantity, greater: bool) -> Verdict:
+def _locations(v: Verdict, a_rows, b_rows, qa: Quantity, qb: Quantity, greater: bool, irregular: str) -> Verdict:
     a, b = _by_seed(a_rows, qa.metric), _by_seed(b_rows, qb.metric)
     several = a_rows.cell_hash.nunique() > 1 or b_rows.cell_hash.nunique() > 1
     per = " (per-seed means over cells)" if several else ""
     shared = a.index.intersection(b.index)
-    if qa.kind == qb.kind and qa.kind in ("mean", "iqm") and len(shared) >= 2:
+    if qa.kind != qb.kind or qa.kind not in ("mean", "iqm"):
+        if irregular:
+            return _cannot_decide(v, qa, irregular)
+        return _bootstrap_difference(v, a_rows, b_rows, qa, qb, greater)
+    paired = len(shared) >= 2
+    if paired:
         a, b = a[shared], b[shared]
         d = (a - b).to_numpy(float)
-        v.lhs, v.rhs = _statistic(qa.kind, a), _statistic(qb.kind, b)
         v.seeds = (len(d), len(d))
+        v.detail = f"{len(d)} shared seeds; lhs > rhs in {int((d > 0).sum())}/{len(d)}"
         if qa.kind == "mean":
             n = len(d)
-            res = one_sided_t(float(d.mean()), d.std(ddof=1) / math.sqrt(n), n - 1, v.alpha)
-            v.estimate = float(d.mean())
+            estimate, se, df = float(d.mean()), d.std(ddof=1) / math.sqrt(n), n - 1
             v.test = f"paired t over shared seeds{per}"
         else:
-            v.estimate, se, df = yuen_one(d)
-            res = one_sided_t(v.estimate, se, df, v.alpha)
+            estimate, se, df = yuen_one(d)
             v.test = f"paired Yuen: trimmed t of the IQM of per-seed differences{per}"
-        wins = int((d > 0).sum())
-        v.detail = f"{len(d)} shared seeds; lhs > rhs in {wins}/{len(d)}"
-    elif qa.kind == qb.kind and qa.kind in ("mean", "iqm"):
+    else:
         va, vb = a.to_numpy(float), b.to_numpy(float)
-        v.lhs, v.rhs = _statistic(qa.kind, va), _statistic(qb.kind, vb)
         v.seeds = (len(va), len(vb))
+        cells = f"{a_rows.cell_hash.nunique()} vs {b_rows.cell_hash.nunique()} cell(s)"
+        v.detail = f"n={len(va)} vs {len(vb)} seeds in {cells}"
         if qa.kind == "mean":
-            est, se, df = _welch(va, vb)
+            estimate, se, df = _welch(va, vb)
             v.test = f"Welch t over seeds{per}"
         else:
-            est, se, df = yuen_two(va, vb)
+            estimate, se, df = yuen_two(va, vb)
             v.test = f"Yuen two-sample trimmed t of the IQMs{per}"
-        v.estimate = est
-        res = one_sided_t(est, se, df, v.alpha)
-        v.detail = (
-            f"n={len(va)} vs {len(vb)} seeds in {a_rows.cell_hash.nunique()} vs {b_rows.cell_hash.nunique()} cell(s)"
-        )
-    else:
-        return _bootstrap_difference(v, a_rows, b_rows, qa, qb, greater)
+    v.lhs, v.rhs = _statistic(qa.kind, a.to_numpy(float)), _statistic(qb.kind, b.to_numpy(float))
+    v.hypothesis = _hypothesis(a_rows, b_rows, greater, a.index if paired else None)
+    units = {"d": d} if paired else {"a": a.to_numpy(float), "b": b.to_numpy(float)}
+    irregular = irregular or _tied(a, b)
+    if irregular or _no_spread(se, a.to_numpy(float), b.to_numpy(float)):
+        why = irregular or "the seeds' differences have no spread"
+        res = exact.sign_flip(d, v.alpha) if paired else exact.two_sample(a.to_numpy(float), b.to_numpy(float), v.alpha)
+        v.extra["design"] = {"test": "signflip" if paired else "perm2", **units, "greater": greater}
+        return _randomised(v, res, why, greater)
+    v.estimate = estimate
+    res = one_sided_t(estimate, se, df, v.alpha)
     v.lo, v.hi = res["lo"], res["hi"]
+    test = {"mean": ("t1", "welch"), "iqm": ("yuen1", "yuen2")}[qa.kind][0 if paired else 1]
+    v.extra["design"] = {
+        "test": test,
+        **({"x": d, "paired": True} if paired else units),
+        "null": 0.0,
+        "greater": greater,
+    }
     return _conclude(v, greater, res["p_up"], res["p_down"])
+
+
+def _randomised(v: Verdict, res: exact.Randomisation | None, why: str, greater: bool) -> Verdict:
+    """The verdict of an exact randomisation test (`exact`), said to be one, and what it can reach."""
+    if res is None:
+        v.detail = "; ".join(filter(None, [v.detail, f"{why}: too few seeds for a test"]))
+        return v
+    v.estimate, v.lo, v.hi = res.estimate, res.lo, res.hi
+    v.test = f"exact {res.method}, interval by inverting it under a shift"
+    note = f"{why}: a randomisation test, exact on any seeds (smallest p {res.smallest_p:.3g})"
+    if res.smallest_p >= v.alpha:
+        note += f"; it cannot reach p < {v.alpha:g} with these seeds"
+    v.detail = "; ".join(filter(None, [v.detail, note]))
+    return _conclude(v, greater, res.p_up, res.p_down)
+
+
+def _hypothesis(a_rows: pd.DataFrame, b_rows: pd.DataFrame, greater: bool, seeds=None, null: float = 0.0) -> tuple:
+    """What Holm counts once: the trials of the side claimed greater, those of the other, the null."""
+    if seeds is not None:
+        a_rows, b_rows = a_rows[a_rows.seed.isin(seeds)], b_rows[b_rows.seed.isin(seeds)]
+    a, b = tuple(sorted(map(str, a_rows.trial_key))), tuple(sorted(map(str, b_rows.trial_key)))
+    return (a, b, null) if greater else (b, a, -null)
 
 
 def _welch(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
@@ -439,19 +555,46 @@ def _bootstrap_difference(v: Verdict, a_rows, b_rows, qa: Quantity, qb: Quantity
 # --- slopes --------------------------------------------------------------------------------------------
 
 
-def _slope_vs_number(v: Verdict, f, q: Quantity, greater: bool, c: float) -> Verdict:
+def _slope_vs_number(v: Verdict, f, q: Quantity, greater: bool, c: float, irregular: str) -> Verdict:
     coef = robust.coefficient(f, "alpha")
     v.lhs = coef["estimate"]
+    v.estimate = v.lhs - c
+    v.detail = f"alpha={v.lhs:.4g}, R2={f.r2:.3f}, n={f.n}"
+    v.hypothesis = _slope_hypothesis(f, greater, c)
+    irregular = irregular or _tied(f.y)
+    x = np.log(f.x) if q.log_x else f.x
+    seeds = f.clusters if f.clusters is not None else np.arange(len(x))
+    v.extra["design"] = {"test": "slope", "x": x, "y": f.y, "seeds": seeds, "null": c, "greater": greater}
+    if irregular or _no_spread(coef["se"], f.y):
+        v.extra["design"]["test"] = "slope_perm"
+        res = exact.slope(x, f.y, seeds, v.alpha, c)
+        v.lhs = res.estimate if res is not None else v.lhs
+        _randomised(v, res, irregular or "the fit has no residual spread", greater)
+        v.estimate, v.lo, v.hi = v.estimate - c, v.lo - c, v.hi - c
+        return v
     res = one_sided_t(coef["estimate"], coef["se"], coef["df"], v.alpha, c)
     _shifted(v, res, c)
     v.test = f"{'log-' if q.log_x else ''}linear fit, {coef['method'] or 'no interval'}"
-    v.detail = f"alpha={v.lhs:.4g}, R2={f.r2:.3f}, n={f.n}"
     return _conclude(v, greater, res["p_up"], res["p_down"])
 
 
-def _slopes(v: Verdict, fa, fb, qa: Quantity, qb: Quantity, greater: bool) -> Verdict:
+def _slope_hypothesis(f, greater: bool, c: float) -> tuple | None:
+    """A slope over exactly two x values is the difference of their means over Δx: the same hypothesis as
+    the pairwise claim on those trials (Holm counts it once)."""
+    x = np.unique(f.x)
+    if len(x) != 2 or f.trial_keys is None:
+        return None
+    dx = float(np.log(x[1] / x[0]) if f.form == "loglinear" else x[1] - x[0])
+    high = tuple(sorted(map(str, f.trial_keys[f.x == x[1]])))
+    low = tuple(sorted(map(str, f.trial_keys[f.x == x[0]])))
+    return (high, low, c * dx) if greater else (low, high, -c * dx)
+
+
+def _slopes(v: Verdict, fa, fb, qa: Quantity, qb: Quantity, greater: bool, irregular: str) -> Verdict:
     v.lhs, v.rhs = fa.params["alpha"], fb.params["alpha"]
     v.estimate = v.lhs - v.rhs
+    if irregular:  # no randomisation test of an interaction is exact
+        return _cannot_decide(v, qa, irregular)
     v.detail = f"alpha {v.lhs:.4g} vs {v.rhs:.4g}; ratio {v.lhs / v.rhs:.3g}" if v.rhs else ""
     diff = robust.slope_difference((fa.x, fa.y, fa.clusters), (fb.x, fb.y, fb.clusters), log_x=qa.log_x and qb.log_x)
     if diff is None:
@@ -459,6 +602,12 @@ def _slopes(v: Verdict, fa, fb, qa: Quantity, qb: Quantity, greater: bool) -> Ve
         return v
     res = one_sided_t(diff["estimate"], diff["se"], diff["df"], v.alpha)
     v.estimate, v.lo, v.hi = diff["estimate"], res["lo"], res["hi"]  # one fit: estimate and interval
+    v.extra["design"] = {
+        "test": "slope_diff",
+        "a": (np.log(fa.x) if qa.log_x else fa.x, fa.y, fa.clusters),
+        "b": (np.log(fb.x) if qb.log_x else fb.x, fb.y, fb.clusters),
+        "greater": greater,
+    }
     v.test = f"slope difference (interaction), {diff['method']}"
     return _conclude(v, greater, res["p_up"], res["p_down"])
 
@@ -477,6 +626,7 @@ def _failure_rate_vs_number(v: Verdict, rows: pd.DataFrame, greater: bool, c: fl
     _shifted(v, {"lo": lo, "hi": hi}, c)
     v.test = "exact binomial test (Clopper-Pearson bounds)"
     v.seeds = (n,)
+    v.extra["design"] = {"test": "binomial", "k": k, "n": n, "null": c, "greater": greater}
     _conclude(v, greater, up, down)
     v.detail = f"{k}/{n} seeds failed; one-sided p={v.p:.3g}"
     return v
@@ -509,6 +659,7 @@ def _failure_rates(v: Verdict, a_rows: pd.DataFrame, b_rows: pd.DataFrame, great
         v.lo, v.hi = m / n * (2 * p_lo - 1), m / n * (2 * p_hi - 1)
         v.seeds = (n, n)
         v.test = "exact McNemar test over shared seeds (exact conditional bounds given the discordant seeds)"
+        v.extra["design"] = {"test": "mcnemar", "only_a": only_a, "only_b": only_b, "n": n, "greater": greater}
         _conclude(v, greater, up, down)
         v.detail = (
             f"{k1}/{n1} vs {k2}/{n2} failed; {n} shared seeds, {only_a} fail only a, {only_b} only b; "
@@ -525,6 +676,7 @@ def _failure_rates(v: Verdict, a_rows: pd.DataFrame, b_rows: pd.DataFrame, great
     v.estimate, v.lo, v.hi = float(ratio.statistic), float(ci.low), float(ci.high)
     v.seeds = (n1, n2)
     v.test = "Fisher's exact test (exact conditional odds-ratio bounds)"
+    v.extra["design"] = {"test": "fisher", "k1": k1, "n1": n1, "k2": k2, "n2": n2, "greater": greater}
     _conclude(v, greater, up, down)
     v.detail = (
         f"{k1}/{n1} vs {k2}/{n2} failed; rate difference {v.lhs - v.rhs:+.3g}; conditional odds ratio "
@@ -557,19 +709,27 @@ def verify(data: StudyData, claims: list | None = None, holm: bool = False, alph
 def adjust_holm(verdicts: list[Verdict], alpha: float = ALPHA) -> list[Verdict]:
     """Holm's step-down control of the family-wise error over the claims that were decided (supported,
     contradicted or inconclusive) and have a p-value; each gets `p_holm` and `verdict_holm` (a supported or
-    contradicted claim whose adjusted p is >= alpha becomes inconclusive). Claims without a p-value, pending
-    or invalid keep their verdict and a NaN `p_holm`."""
+    contradicted claim whose adjusted p is >= alpha becomes inconclusive). Identical hypotheses (the same
+    test on the same trials in the same direction, e.g. a slope over two depths and the pairwise claim on
+    those cells: the same trials a side, the same p) count once. Claims without a p-value, pending or
+    invalid keep their verdict and a NaN `p_holm`."""
     from statsmodels.stats.multitest import multipletests
 
     tested = [v for v in verdicts if v.verdict in (SUPPORTED, CONTRADICTED, INCONCLUSIVE) and np.isfinite(v.p)]
     for v in verdicts:
         v.p_holm, v.verdict_holm = math.nan, v.verdict
-    if tested:
-        adjusted = multipletests([v.p for v in tested], alpha=alpha, method="holm")[1]
-        for v, p in zip(tested, adjusted, strict=True):
-            v.p_holm = float(p)
-            if v.verdict in (SUPPORTED, CONTRADICTED) and p >= alpha:
-                v.verdict_holm = INCONCLUSIVE
+    groups: dict[object, list[Verdict]] = {}
+    for i, v in enumerate(tested):
+        same = (v.hypothesis, v.verdict, round(v.p, 12)) if v.hypothesis is not None else i
+        groups.setdefault(same, []).append(v)
+    if groups:
+        members = list(groups.values())
+        adjusted = multipletests([group[0].p for group in members], alpha=alpha, method="holm")[1]
+        for group, p in zip(members, adjusted, strict=True):
+            for v in group:
+                v.p_holm = float(p)
+                if v.verdict in (SUPPORTED, CONTRADICTED) and p >= alpha:
+                    v.verdict_holm = INCONCLUSIVE
     return verdicts
 
 

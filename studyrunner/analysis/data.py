@@ -69,9 +69,15 @@ class StudyData:
 
     @property
     def varied_columns(self) -> list[str]:
-        """Config columns whose value differs between cells (the study's axes, baselines included)."""
-        cells = self.trials.drop_duplicates("cell_hash")
-        return [c for c in self.config_columns if cells[c].astype(str).nunique() > 1]
+        """Config columns whose value differs between cells (the study's axes, baselines included); kept
+        while the trials frame is the same object of the same shape (a cell's config never changes)."""
+        key = (id(self.trials), self.trials.shape)
+        cached = self.__dict__.get("_varied")
+        if cached is None or cached[0] != key:
+            cells = self.trials.drop_duplicates("cell_hash")
+            cached = (key, [c for c in self.config_columns if cells[c].astype(str).nunique() > 1])
+            self.__dict__["_varied"] = cached
+        return list(cached[1])
 
     @cached_property
     def curves(self) -> pd.DataFrame:

@@ -228,6 +228,7 @@ class Fit:
     _theta: np.ndarray | None = field(default=None, repr=False)
     _sandwich: robust.Sandwich | None = field(default=None, repr=False)
     clusters: np.ndarray | None = field(default=None, repr=False)  # seed of each point (x, y), when given
+    trial_keys: np.ndarray | None = field(default=None, repr=False)  # trial of each point, when the caller sets it
 
     def predict(self, depth) -> np.ndarray:
         return self._form.predict(self._theta, np.log(np.asarray(depth, dtype=float)))
@@ -563,7 +564,7 @@ def _ratio_interval(f: Fit, r: Fit, param: str) -> tuple[float, float]:
     """Delta method on ln(p_f / p_r), the fits independent; t with the smaller degrees of freedom."""
     i = f._form.params.index(param)
     pf, pr = f._theta[i], r._theta[i]
-    se = math.sqrt(f.cov[i, i] / pf**2 + r.cov[i, i] / pr**2)
+    se = math.sqrt(max(f.cov[i, i] / pf**2 + r.cov[i, i] / pr**2, 0.0))  # float noise can dip below 0
     df = min(f.df.get(param, math.nan), r.df.get(param, math.nan))
     if not np.isfinite(df):
         return math.nan, math.nan

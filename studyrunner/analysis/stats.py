@@ -31,6 +31,8 @@ MIN_BOOTSTRAP_SEEDS = 10  # fewer seeds: bootstrap intervals are not reported (s
 IQM_TRIM = 0.25
 BIMODAL_SEPARATION = 4.0  # gap between seed clusters, in units of their spread, that counts as bimodal
 BIMODAL_FLOOR = 0.05  # spread is at least this fraction of the metric's scale (max |value|, range)
+BIMODAL_GAP = 0.3  # verify: the clusters' gap is at least this fraction of the metric's scale
+VERIFY_SEPARATION = 6.0  # verify: and at least this many times their spread
 
 
 def _clean(values) -> np.ndarray:
@@ -196,11 +198,17 @@ def wilson(failures: int, n: int, confidence: float = CONFIDENCE) -> tuple[float
     return (0.0 if failures == 0 else float(lo), 1.0 if failures == n else float(hi))
 
 
-def bimodality(values, scale: float | None = None) -> tuple[bool, float]:
+def bimodality(
+    values, scale: float | None = None, min_gap: float = 0.0, separation: float | None = None
+) -> tuple[bool, float]:
     """(flag, separation): seeds split into two clusters whose gap is at least BIMODAL_SEPARATION times
-    their spread. The spread is the pooled within-cluster sd, floored at BIMODAL_FLOOR x `scale` (default:
-    the largest |value| or range of these values), so three seeds at 57.4, 57.4, 54.4 are one mode while
-    55.5, 55.8, 5.4 are two. Needs 3 seeds."""
+    their spread (and at least `min_gap`). The spread is the pooled within-cluster sd, floored at
+    BIMODAL_FLOOR x `scale` (default: the largest |value| or range of these values), so three seeds at
+    57.4, 57.4, 54.4 are one mode while 55.5, 55.8, 5.4 are two. Needs 3 seeds. Normal seeds pass the
+    separation alone often at 3-5 seeds (half the time at 3 when the floor is below their sd), so `verify`
+    asks for more (VERIFY_SEPARATION, and a gap of BIMODAL_GAP x the metric's scale, as between seeds at
+    chance and seeds that learned): normal seeds with an sd of a sixth of the scale are flagged at most 10%
+    of the time at 3 seeds (1% at a twentieth), seeds at chance beside seeds at 0.9 99% of the time."""
     x = np.sort(_clean(values))
     if len(x) < 3:
         return (False, math.nan)
@@ -211,10 +219,10 @@ def bimodality(values, scale: float | None = None) -> tuple[bool, float]:
         lo, hi = x[:i], x[i:]
         ss = ((lo - lo.mean()) ** 2).sum() + ((hi - hi.mean()) ** 2).sum()
         spread = max(math.sqrt(ss / max(len(x) - 2, 1)), floor)
-        if spread == 0:
+        if spread == 0 or hi[0] - lo[-1] < min_gap:
             continue
         best = max(best, (hi[0] - lo[-1]) / spread)
-    return (bool(best >= BIMODAL_SEPARATION), float(best))
+    return (bool(best >= (separation or BIMODAL_SEPARATION)), float(best))
 
 
 def describe(values, scale: float | None = None) -> dict[str, float]:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from . import claims as claims_mod
-from . import depth, solve
+from . import depth, power, solve
 from . import fits as fits_mod
 from . import stats as stats_mod
 from .data import StudyData
@@ -192,7 +192,7 @@ def analyze(
         out.time_to_solve_cells = solve.time_to_solve_summary(out.time_to_solve, data.cells_order)
     out.failure_depth = fits_mod.failure_vs_depth(data)
     if with_claims and data.claims:
-        out.verdicts = claims_mod.verify(data)
+        out.verdicts = power.fill(data, claims_mod.verify(data))
     return out
 
 

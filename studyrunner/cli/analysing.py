@@ -106,6 +106,7 @@ def verify(
     """Check the study's claims: supported, contradicted, inconclusive, or pending while trials they select
     are unfinished (exit 1 if a claim is contradicted or invalid; pending claims never fail)."""
     from ..analysis import claims as analysis_claims
+    from ..analysis import power
     from ..analysis.present import verdicts_table, write_json
 
     loaded = _load_study(study, db, workspace, storage)
@@ -113,7 +114,7 @@ def verify(
         if loaded.spec_error:
             raise StudyrunnerError(loaded.spec_error)
         raise StudyrunnerError(f"study {loaded.name!r} declares no claims; add a `claims:` list to its study file")
-    verdicts = analysis_claims.verify(loaded, holm=holm)
+    verdicts = power.fill(loaded, analysis_claims.verify(loaded, holm=holm))
     table = analysis_claims.verdict_table(verdicts, holm=holm)
     if format is AnalysisFormat.json:
         write_json(json.loads(table.to_json(orient="records")))

@@ -126,6 +126,19 @@ def test_accuracies_tied_at_the_ceiling_do_not_decide_by_a_degenerate_t_test():
     assert v.verdict == "inconclusive" and "sign-flip" in v.test and v.p == pytest.approx(1 / 8)
 
 
+def test_a_metric_that_does_not_depend_on_the_seed_is_decided_exactly():
+    """A cache size is the same for every seed: the difference is a fact, not an estimate (melt_memory's
+    KV claims). Seeds tied at 0 or 1 are a share at a bound instead, and are not taken for a fact."""
+    d = data({(1, 1): [512.0, 512.0], (4, 1): [4096.0, 4096.0], (2, 1): [1024.0, 1024.0]})
+    for claim in ("y[loops=4] > y[loops=1]", "y[loops=4] > 1000", "slope(y ~ loops) > 0"):
+        v = claims.evaluate(d, claim)
+        assert v.verdict == "supported" and v.p == 0 and v.lo == v.hi == v.estimate, (claim, v)
+        assert "does not depend on the seed" in v.test
+    assert claims.evaluate(d, "y[loops=4] < y[loops=1]").verdict == "contradicted"
+    v = claims.evaluate(data({(1, 1): [1.0, 1.0], (4, 1): [0.5, 0.5]}), "y[loops=1] > y[loops=4]")
+    assert v.verdict == "inconclusive" and "sign-flip" in v.test
+
+
 def test_a_slope_on_bimodal_seeds_is_decided_by_permuting_each_seeds_values():
     values = {(1, 1): [0.25, 0.9, 0.26], (2, 1): [0.9, 0.26, 0.91], (4, 1): [0.92, 0.95, 0.25]}
     v = claims.evaluate(data(values, failure="y < 0.4"), "slope(y ~ ln effective_depth) > 0")

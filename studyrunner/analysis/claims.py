@@ -223,9 +223,10 @@ def _slope_fit(data: StudyData, q: Quantity, rows: pd.DataFrame):
     return f
 
 
-def evaluate(data: StudyData, claim: Claim | ClaimEntry | str, alpha: float = ALPHA) -> Verdict:
+def evaluate(data: StudyData, claim: Claim | ClaimEntry | dict | str, alpha: float = ALPHA) -> Verdict:
     """Decide one claim on a study's finished trials at one-sided level `alpha` (`pending` while a trial it
     selects is unfinished); the interval shown is the test's 1 − 2·alpha one (both one-sided bounds)."""
+    claim = ClaimEntry.model_validate(claim) if isinstance(claim, dict) else claim
     min_effect = claim.min_effect if isinstance(claim, ClaimEntry) else None
     claim = claim.claim if isinstance(claim, ClaimEntry) else claim
     text = claim if isinstance(claim, str) else claim.text
@@ -352,6 +353,27 @@ def _irregular(data: StudyData, parts: list[tuple[pd.DataFrame, str]]) -> str:
     return ""
 
 
+def _deterministic(parts: list[tuple[pd.DataFrame, str]]) -> bool:
+    """Every cell of the claim has 2+ seeds and they all give the same value, not 0 or 1: the metric does
+    not depend on the seed (a cache size, a parameter count), so the difference is exact, not estimated.
+    Seeds tied at 0 or 1 are a share at its floor or ceiling (accuracies), not a fact: `_tied`'s."""
+    for rows, metric in parts:
+        if metric is None or metric not in rows:
+            return False
+        for _, cell in rows.groupby("cell_hash", sort=False):
+            x = pd.to_numeric(cell[metric], errors="coerce").to_numpy(float)
+            if len(x) < 2 or not np.all(np.isfinite(x)) or np.ptp(x) != 0 or x[0] in (0.0, 1.0):
+                return False
+    return True
+
+
+def _exactly(v: Verdict, greater: bool, difference: float) -> Verdict:
+    """The verdict of a difference known exactly (`_deterministic`): its sign decides it."""
+    v.estimate = v.lo = v.hi = difference
+    v.test = "exact: every seed gives the same value in each cell (the metric does not depend on the seed)"
+    return _conclude(v, greater, 0.0 if difference > 0 else 1.0, 0.0 if difference < 0 else 1.0)
+
+
 def _tied(*values) -> str:
     """Two or more of the test's values (one per seed and side, pooled) tie at the largest or the smallest,
     as accuracies at a ceiling of 1 do: a t-test on such values degenerates (a zero spread gives p = 0), so
@@ -410,6 +432,8 @@ def _location_vs_number(v: Verdict, rows: pd.DataFrame, q: Quantity, greater: bo
     else:
         centre, se, df = yuen_one(x)
         v.test = f"one-sample Yuen trimmed t of the IQM over {per}"
+    if _deterministic([(rows, q.metric)]):
+        return _exactly(v, greater, v.lhs - c)
     irregular = irregular or _tied(x) or ("the seeds have no spread" if _no_spread(se, x) else "")
     if irregular:
         return _cannot_decide(v, q, irregular, against_number=True)
@@ -474,6 +498,8 @@ def _locations(v: Verdict, a_rows, b_rows, qa: Quantity, qb: Quantity, greater: 
     v.lhs, v.rhs = _statistic(qa.kind, a.to_numpy(float)), _statistic(qb.kind, b.to_numpy(float))
     v.hypothesis = _hypothesis(a_rows, b_rows, greater, a.index if paired else None)
     units = {"d": d} if paired else {"a": a.to_numpy(float), "b": b.to_numpy(float)}
+    if _deterministic([(a_rows, qa.metric), (b_rows, qb.metric)]):
+        return _exactly(v, greater, v.lhs - v.rhs)
     irregular = irregular or _tied(a, b)
     if irregular or _no_spread(se, a.to_numpy(float), b.to_numpy(float)):
         why = irregular or "the seeds' differences have no spread"
@@ -561,6 +587,8 @@ def _slope_vs_number(v: Verdict, f, q: Quantity, greater: bool, c: float, irregu
     v.estimate = v.lhs - c
     v.detail = f"alpha={v.lhs:.4g}, R2={f.r2:.3f}, n={f.n}"
     v.hypothesis = _slope_hypothesis(f, greater, c)
+    if _deterministic([(pd.DataFrame({"cell_hash": f.x, "y": f.y}), "y")]):  # a cell per x value
+        return _exactly(v, greater, v.lhs - c)
     irregular = irregular or _tied(f.y)
     x = np.log(f.x) if q.log_x else f.x
     seeds = f.clusters if f.clusters is not None else np.arange(len(x))
@@ -626,7 +654,8 @@ def _failure_rate_vs_number(v: Verdict, rows: pd.DataFrame, greater: bool, c: fl
     _shifted(v, {"lo": lo, "hi": hi}, c)
     v.test = "exact binomial test (Clopper-Pearson bounds)"
     v.seeds = (n,)
-    v.extra["design"] = {"test": "binomial", "k": k, "n": n, "null": c, "greater": greater}
+    cells = rows.cell_hash.nunique()
+    v.extra["design"] = {"test": "binomial", "k": k, "n": n, "null": c, "greater": greater, "cells": cells}
     _conclude(v, greater, up, down)
     v.detail = f"{k}/{n} seeds failed; one-sided p={v.p:.3g}"
     return v
@@ -676,7 +705,8 @@ def _failure_rates(v: Verdict, a_rows: pd.DataFrame, b_rows: pd.DataFrame, great
     v.estimate, v.lo, v.hi = float(ratio.statistic), float(ci.low), float(ci.high)
     v.seeds = (n1, n2)
     v.test = "Fisher's exact test (exact conditional odds-ratio bounds)"
-    v.extra["design"] = {"test": "fisher", "k1": k1, "n1": n1, "k2": k2, "n2": n2, "greater": greater}
+    cells = max(a_rows.cell_hash.nunique(), b_rows.cell_hash.nunique())
+    v.extra["design"] = {"test": "fisher", "k1": k1, "n1": n1, "k2": k2, "n2": n2, "greater": greater, "cells": cells}
     _conclude(v, greater, up, down)
     v.detail = (
         f"{k1}/{n1} vs {k2}/{n2} failed; rate difference {v.lhs - v.rhs:+.3g}; conditional odds ratio "
@@ -734,4 +764,14 @@ def adjust_holm(verdicts: list[Verdict], alpha: float = ALPHA) -> list[Verdict]:
 
 
 def verdict_table(verdicts: list[Verdict], holm: bool = False) -> pd.DataFrame:
+    """One row per verdict; `seeds_needed` holds a dict (JSON output) or None: `flat` it for CSV."""
     return pd.DataFrame([v.row(holm) for v in verdicts], columns=list(Verdict("", "").row(holm)))
+
+
+def flat(table: pd.DataFrame) -> pd.DataFrame:
+    """The verdict table for CSV: `seeds_needed` as a JSON string (empty where none)."""
+    import json
+
+    if "seeds_needed" not in table:
+        return table
+    return table.assign(seeds_needed=table.seeds_needed.map(lambda d: json.dumps(d) if d else ""))

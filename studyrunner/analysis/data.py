@@ -71,13 +71,13 @@ class StudyData:
     def varied_columns(self) -> list[str]:
         """Config columns whose value differs between cells (the study's axes, baselines included); kept
         while the trials frame is the same object of the same shape (a cell's config never changes)."""
-        key = (id(self.trials), self.trials.shape)
-        cached = self.__dict__.get("_varied")
-        if cached is None or cached[0] != key:
+        cached = self.__dict__.get("_varied")  # (the frame itself, its shape, the columns)
+        if cached is None or cached[0] is not self.trials or cached[1] != self.trials.shape:
             cells = self.trials.drop_duplicates("cell_hash")
-            cached = (key, [c for c in self.config_columns if cells[c].astype(str).nunique() > 1])
+            varied = [c for c in self.config_columns if cells[c].astype(str).nunique() > 1]
+            cached = (self.trials, self.trials.shape, varied)
             self.__dict__["_varied"] = cached
-        return list(cached[1])
+        return list(cached[2])
 
     @cached_property
     def curves(self) -> pd.DataFrame:

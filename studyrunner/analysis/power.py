@@ -285,8 +285,8 @@ def _binomial(design, effect, power, alpha):
         p = stats.binom.sf(k - 1, n, c) if greater else stats.binom.cdf(k, n, c)
         return float(stats.binom.pmf(k, n, rate)[p < alpha].sum())
 
-    return SeedsNeeded(_search(power_at, power), effect, None, "exact enumeration, binomial test",
-                       f"an estimate: the failure rate {rate:.3g} assumed")  # fmt: skip
+    return SeedsNeeded(_per_cell(_search(power_at, power), design), effect, None, "exact enumeration, binomial test",
+                       f"an estimate: the failure rate {rate:.3g} assumed" + _cells_note(design))  # fmt: skip
 
 
 def _mcnemar(design, effect, power, alpha):
@@ -333,8 +333,18 @@ def _fisher(design, effect, power, alpha):
         prob = np.outer(stats.binom.pmf(np.arange(n + 1), n, ra), stats.binom.pmf(np.arange(n + 1), n, rb))
         return float(prob[pv < alpha].sum())
 
-    return SeedsNeeded(_search(power_at, power, 2), effect, None, "exact enumeration, Fisher",
-                       f"an estimate: failure rates {ra:.3g} vs {rb:.3g} assumed (the observed rhs rate)")  # fmt: skip
+    note = f"an estimate: failure rates {ra:.3g} vs {rb:.3g} assumed (the observed rhs rate)" + _cells_note(design)
+    return SeedsNeeded(_per_cell(_search(power_at, power, 2), design), effect, None, "exact enumeration, Fisher", note)
+
+
+def _per_cell(trials: int | None, design) -> int | None:
+    """Seeds a side from the trials a failure rate counts: each seed adds one trial per cell of the side."""
+    return None if trials is None else math.ceil(trials / max(design.get("cells", 1), 1))
+
+
+def _cells_note(design) -> str:
+    cells = design.get("cells", 1)
+    return f"; {cells} cells a side, so each seed adds {cells} trials" if cells > 1 else ""
 
 
 def _sign(design, effect, power, alpha):

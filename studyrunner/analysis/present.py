@@ -20,7 +20,7 @@ from .summary import (
     Analysis,
     fmt,
     interval,
-    verdict_detail,
+    seeds_needed_text,
     verdict_interval,
 )
 
@@ -107,9 +107,18 @@ def verdicts_table(verdicts: list[Verdict], holm: bool = False) -> Table:
             fmt(v.p),
             *adjusted,
             Text(v.test),
-            Text(verdict_detail(v)),
+            Text(v.detail),
         )
     return table
+
+
+def print_verdicts(verdicts: list[Verdict], console: Console, holm: bool = False) -> None:
+    """The claims table, then for each inconclusive claim the seeds its test needs (`power.fill`)."""
+    console.print(verdicts_table(verdicts, holm=holm))
+    for i, v in enumerate(verdicts):
+        text = seeds_needed_text(v)
+        if text:
+            console.print(Text(f"claim {i + 1} ({v.claim}): {text}"), soft_wrap=True)
 
 
 def print_analysis(a: Analysis, console: Console) -> None:
@@ -216,7 +225,7 @@ def print_analysis(a: Analysis, console: Console) -> None:
                 soft_wrap=True,
             )
     if a.verdicts:
-        console.print(verdicts_table(a.verdicts))
+        print_verdicts(a.verdicts, console)
 
 
 def search_table(a: Analysis) -> Table:

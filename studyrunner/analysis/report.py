@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import StudyrunnerError
+from .claims import flat as claims_flat
 from .data import StudyData
 from .mlflow_ui import run_url, runs_url
 from .summary import (
@@ -444,7 +445,7 @@ def write_report(
         written = [html]
         if tables:
             for name, df in (("cells", a.cells), ("fits", a.fit_table), ("fit_groups", a.groups),
-                             ("claims", a.claims_table), ("percent_gap", a.gap), ("families", a.families),
+                             ("claims", claims_flat(a.claims_table)), ("percent_gap", a.gap), ("families", a.families),
                              ("equal_depth", a.equal_depth)):  # fmt: skip
                 if len(df):
                     path = out / f"{a.data.name}-{name}.csv"

@@ -213,6 +213,7 @@ def table(sims: int, designs=None, shapes=None, seed: int = 0) -> pd.DataFrame:
     for name in designs or DESIGNS:
         for shape in shapes or SHAPES:
             for null in (True, False):
+                print(f"{name} {shape} {'null' if null else 'effect'}", file=sys.stderr, flush=True)
                 for kind, r in simulate(name, shape, sims, null, seed).items():
                     rows.append({"design": name, "shape": shape, "truth": "null" if null else "effect",
                                  "claim": kind, **r})  # fmt: skip

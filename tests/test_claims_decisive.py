@@ -317,3 +317,49 @@ def test_validate_prints_the_smallest_p_each_claim_can_reach(tmp_path):
     assert "claims[0] cannot be decided with 4 seeds; it needs 5" in result.stderr
     result = runner.invoke(app, ["plan", str(path)])
     assert result.exit_code == 0 and "exact McNemar test, smallest p 0.0625" in result.stdout
+
+
+# --- the mapping form of a claim ------------------------------------------------------------------------------
+
+
+def test_claims_may_be_mappings_with_a_min_effect(tmp_path):
+    import json
+
+    import yaml
+    from analysis_ledger import study_text
+
+    from studyrunner.study import loads
+
+    extra = (
+        'claims:\n  - "eval_accuracy[loops=8] > 0.1"\n'
+        '  - {claim: "eval_accuracy[loops=8] > eval_accuracy[loops=1]", min_effect: 0.05}\n'
+    )
+    study = loads(study_text(extra=extra))
+    assert study.claim_texts == ["eval_accuracy[loops=8] > 0.1", "eval_accuracy[loops=8] > eval_accuracy[loops=1]"]
+    assert [c.min_effect for c in study.claims] == [None, 0.05]
+    # written back as written: a string stays a string
+    assert yaml.safe_load(yaml.safe_dump(study.model_dump(mode="json")))["claims"] == [
+        "eval_accuracy[loops=8] > 0.1",
+        {"claim": "eval_accuracy[loops=8] > eval_accuracy[loops=1]", "min_effect": 0.05},
+    ]
+    schema = json.loads(runner.invoke(app, ["schema"]).stdout)
+    entry = schema["$defs"]["ClaimEntry"]["anyOf"]
+    assert entry[0]["type"] == "string" and set(entry[1]["properties"]) == {"claim", "min_effect"}
+    for bad, fragment in (
+        (
+            '{claim: "eval_accuracy[loops=8] > 0.1", min_effect: -0.1}',
+            "claims[0].min_effect: Input should be greater than 0",
+        ),
+        (
+            '{claim: "eval_accuracy[loops=8] > 0.1", effect: 0.1}',
+            "claims[0].effect: unknown key; valid keys: claim, min_effect",
+        ),
+        ("{min_effect: 0.1}", "claims[0].claim: required field is missing"),
+        ('{claim: "eval_accuracy[loops=8 > 0.1"}', "claims[0]: position 23"),
+        ("[1, 2]", "claims[0]: a claim is a string such as"),
+    ):
+        path = tmp_path / "bad.yaml"
+        path.write_text(study_text(extra=f"claims:\n  - {bad}\n"))
+        result = runner.invoke(app, ["validate", str(path)])
+        assert result.exit_code == 2 and fragment in result.stderr, (bad, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1

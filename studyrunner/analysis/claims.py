@@ -25,6 +25,16 @@ one value per seed, the mean of that seed's cells, before any test of means, IQM
 | failure_rate | exact binomial test (Clopper-Pearson bounds) | exact McNemar over shared seeds, else Fisher |
 | slope | the fit's CR2 t by seed | CR2 t of the interaction |
 
+On seeds no t-test describes (`_irregular`, `_tied`: the failure rule splits them, a cell is bimodal,
+values tie at an extreme such as an accuracy of 1, or the spread is zero), a comparison is decided by an
+exact randomisation test (`exact`: sign flips over shared seeds, permutations over disjoint ones or
+within seeds for a slope) whose shift interval agrees with it; a mean or IQM against a number, or a
+difference of slopes or medians, cannot be decided there (inconclusive, pointing to the failure-rate
+claim that can), nor a mean or IQM against a number in a study whose `failure:` rule says seeds may
+fail. A metric that does not depend on the seed (`_deterministic`) is decided by the sign of the
+difference. Every test records its inputs in `extra["design"]` for `power.seeds_needed`. The user's
+account, with the simulation table: docs/analysis/claims.md.
+
 Slope claims fit every finished seed with a value (failed seeds at their recorded metric); seeds without a
 finite value (diverged) are dropped and counted in the detail. A claim whose evidence rests on fewer than
 3 seeds a side says so in its detail.

@@ -56,11 +56,14 @@ class Randomisation:
 def _result(c: np.ndarray, e: np.ndarray, estimate: float, null: float, alpha: float, exact: bool, method: str):
     """Bounds and p-values from the rearrangements' (c_g, e_g) (the observed one included)."""
     size = len(c)
-    scale = max(1.0, float(np.max(np.abs(c))) if size else 1.0)
+    # a rearrangement that only swaps equal values (accuracies tied at 1.0) ties with the observed one:
+    # c is 0 up to float noise, and noise must not decide whether it counts
+    scale = max(float(np.max(np.abs(c))) if size else 0.0, 1e-300)
+    c = np.where(np.abs(c) <= _TOL * scale, 0.0, c)
     moves = e > _TOL
     thresholds = np.sort(-c[moves] / e[moves])
-    const_up = int(np.sum(~moves & (c >= -_TOL * scale)))
-    const_down = int(np.sum(~moves & (c <= _TOL * scale)))
+    const_up = int(np.sum(~moves & (c >= 0)))
+    const_down = int(np.sum(~moves & (c <= 0)))
     p_up = (const_up + np.searchsorted(thresholds, null, side="right")) / size
     p_down = (const_down + len(thresholds) - np.searchsorted(thresholds, null, side="left")) / size
     k_up = math.ceil(alpha * size - const_up)  # p_up(δ) < alpha  <=>  δ < thresholds[k_up - 1]
@@ -85,8 +88,8 @@ def sign_flip(d, alpha: float, null: float = 0.0) -> Randomisation | None:
         signs = np.vstack([np.ones(n), rng.choice((1.0, -1.0), size=(MC_DRAWS, n))])
         exact = False
     mean = float(d.mean())
-    c = signs @ d / n - mean  # T_s(δ) − T_obs(δ) = c_s + e_s·δ
-    e = 1.0 - signs.mean(axis=1)
+    c = (signs - 1.0) @ d / n  # T_s(δ) − T_obs(δ) = c_s + e_s·δ (a flipped 0 adds exactly 0)
+    e = (1.0 - signs).mean(axis=1)
     how = "exact" if exact else f"{MC_DRAWS} random"
     return _result(c, e, mean, null, alpha, exact, f"sign-flip test over {n} seeds ({how} sign flips)")
 
@@ -112,10 +115,10 @@ def two_sample(a, b, alpha: float, null: float = 0.0) -> Randomisation | None:
         member[0, :na] = True
         np.put_along_axis(member[1:], order, True, axis=1)
         exact = False
-    stat = member @ pooled / na - (~member) @ pooled / nb
     observed = float(a.mean() - b.mean())
     k = member[:, :na].sum(axis=1)  # originals of a kept on the a side
-    c = stat - observed
+    moved = member.astype(float) - np.r_[np.ones(na), np.zeros(nb)]  # +1 into a, −1 out of a
+    c = (moved @ pooled) * (1 / na + 1 / nb)  # T_S − T_obs at δ = 0: swapping equal values adds 0
     e = 1.0 - k / na + (na - k) / nb
     how = "exact" if exact else f"{MC_DRAWS} random"
     return _result(c, e, observed, null, alpha, exact, f"permutation test, {na} vs {nb} seeds ({how} splits)")
@@ -149,8 +152,8 @@ def slope(x, y, seeds, alpha: float, null: float = 0.0) -> Randomisation | None:
             perms[1:, block] = block[shuffled]
         exact = False
     observed = float(w @ y)
-    c = y[perms] @ w - observed  # T_π(b) − T_obs(b) = c_π + (1 − r_π)·b
-    e = 1.0 - x[perms] @ w
+    c = (y[perms] - y) @ w  # T_π(b) − T_obs(b) = c_π + (1 − r_π)·b; swapping equal values adds 0
+    e = (x - x[perms]) @ w
     how = "exact" if exact else f"{MC_DRAWS} random"
     within = "within each of" if len(blocks) > 1 else "over"
     method = f"permutation test of the slope {within} {len(blocks)} seeds ({how})"

@@ -178,9 +178,9 @@ def _welch(design, effect, power, alpha):
 
 
 def _yuen_se(var_w: float, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    g = np.floor(0.25 * n)
-    h = n - 2 * g
-    return np.sqrt(var_w) / ((h / n) * np.sqrt(n)), h
+    """`stats.yuen_one`'s se at n seeds (the winsorised variance held fixed), and the h values kept."""
+    h = n - 2 * np.floor(0.25 * n)
+    return np.sqrt((n - 1) * var_w / (h * (h - 1))), h
 
 
 def _yuen1(design, effect, power, alpha):
@@ -204,7 +204,7 @@ def _yuen2(design, effect, power, alpha):
     va, vb = _trimmed(a)[1], _trimmed(b)[1]
     if va + vb <= 0:
         return None
-    n = np.arange(4, MAX_SEEDS + 1)
+    n = np.arange(2, MAX_SEEDS + 1)
     h = n - 2 * np.floor(0.25 * n)
     da, db = (n - 1) * va / (h * (h - 1)), (n - 1) * vb / (h * (h - 1))
     df = (da + db) ** 2 / (da**2 / (h - 1) + db**2 / (h - 1))

@@ -5,7 +5,7 @@ failure rule) and ceiling (accuracies tied at 1.0) seeds, with one or several ce
 Synthetic studies with a known truth (benchmarks/coverage.py); no training. Deterministic: the
 simulations' RNG is seeded per design and shape. Under no effect, "supported" and "contradicted" are
 false positives, at most 0.05 each by design: a case fails when its count is implausible under 0.05
-(binomial p < 0.001), or when the rate pooled over cases exceeds 0.05 by more than Monte-Carlo error.
+(binomial p < 1e-4), or when the rate pooled over cases exceeds 0.05 by more than Monte-Carlo error.
 Shown intervals (nominal 90%: the two one-sided 95% bounds) must hold the truth as often, within error."""
 
 import math
@@ -31,7 +31,9 @@ SLOW_CASES = [(d, s) for d in coverage.DESIGNS for s in ("normal", "bimodal", "c
 
 
 def _implausible(count: int, n: int, rate: float = 0.05) -> bool:
-    return stats.binom.sf(count - 1, n, rate) < 0.001
+    """count of n is implausible at `rate`: binomial p < 1e-4 (a test makes 100-300 such checks, so one
+    in 30-100 runs would flag a design that holds its level at 1e-3; the pooled check is the strict one)."""
+    return stats.binom.sf(count - 1, n, rate) < 1e-4
 
 
 def _check(rows: dict, where: str, null: bool) -> list[str]:
@@ -73,7 +75,9 @@ def test_claims_hold_their_level_and_intervals_cover():
 
 
 @pytest.mark.slow
-def test_claims_hold_their_level_and_intervals_cover_in_every_design():
+def test_claims_hold_their_level_and_intervals_cover_in_every_design(request):
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("every design: minutes on 2 cores; run with -m slow")
     problems = _run(SLOW_CASES, 200)
     assert not problems, "\n".join(problems)
 

@@ -15,8 +15,8 @@ from studyrunner.analysis.data import from_frame
 from studyrunner.cli import app
 
 runner = CliRunner()
-SIMS = 300
-TOLERANCE = 0.075  # 3.3 Monte-Carlo sd of a power near 0.8 over 300 simulations
+SIMS = 200
+TOLERANCE = 0.085  # 3 Monte-Carlo sd of a power near 0.8 over 200 simulations
 
 
 def study(values: dict[int, np.ndarray], failed: dict[int, np.ndarray] | None = None, claims_=None):

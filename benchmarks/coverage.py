@@ -1,48 +1,115 @@
-"""Coverage of the analysis layer's intervals at the seed counts studies run (issue 14), by simulation.
+"""The analysis layer's intervals and verdicts at the seed counts studies run (issues 14 and 22), by simulation.
 
-    python -m benchmarks.coverage [--sims 400] [--seed 0]
+    python -m benchmarks.coverage [--sims 400] [--seed 0] [--designs 2x2,3x5] [--shapes normal,bimodal]
 
-Known truth: y = β + α·ln D + u_seed + e, with α = 0.05, β = 0.3, a seed effect u ~ N(0, 0.03) shared by a
-seed's cells (the same seed is the same initialisation and data stream in every cell), and noise
-e ~ N(0, 0.04·(1 + ln D / ln D_max)) that grows with depth. Designs: depths × seeds = 2×2, 3×2, 3×5, 5×5
-(depths 1, 4 / 1, 2, 4 / 1, 2, 4, 8, 16). For each interval, the fraction of simulations whose 95% interval
-holds the true value; for a claim, the fraction whose interval of lhs − rhs holds the true difference (a
-claim's verdict is wrong only when that interval misses). `before` is the method the analysis layer used
-until issue 14; `after` is the default now. tests/test_analysis_coverage.py asserts the `after` column.
+Synthetic studies with a known truth, no training: a cell per depth D (loops = D), or two cells at the top
+depth (`+`: the quickstart's 1⊗4 and 4⊗1 beside 1⊗1), `seeds` seeds per cell, seed effects shared by a
+seed's cells (the same seed is the same initialisation and data stream in every cell). Data shapes:
+
+- `normal`: y = 0.3 + a·ln D + u_seed + e, u ~ N(0, 0.03), e ~ N(0, 0.04·(1 + ln D / ln D_max)).
+- `bimodal`: each trial fails to chance (y = 0.25 + N(0, 0.02)) with probability 0.3, else learns
+  (y = 0.6 + a·ln D + u_seed + N(0, 0.04)); the study declares `failure: "y < 0.4"`.
+- `bimodal-norule`: the same seeds, no failure rule (verify sees the modes from 3 seeds a cell).
+- `ceiling`: accuracies near 1 on 512 examples: y = min(1, 0.96 + a·ln D + u_seed + N(0, 0.03)), rounded
+  to 1/512, so seeds tie at 1.0.
+
+Under the null (a = 0) every claim's supported rate (and contradicted rate) is its false-positive rate, at
+most 0.05 by design (one-sided 0.05); `mean > c` and `iqm > c` are checked against their true values (the
+null's boundary), failure rates with equal true rates. Coverage is the share of simulations whose shown
+interval holds the true value (of the null: 0; of the effect: the true slope or difference, for the
+normal and ceiling shapes), among those that show one; `undecidable` is the share that show none (no test
+holds there: a mean or IQM against a number on bimodal seeds). The nominal level of the shown interval is
+90% since issue 22 (the two one-sided 95% bounds the verdict uses), 95% before.
+
+`table()` runs each claim through `claims.evaluate` only, so the same script measures an older version:
+PYTHONPATH=<checkout of the old commit> python benchmarks/coverage.py prints its `before` figures.
+tests/test_analysis_coverage.py asserts the false-positive rates and coverage of a subset.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
 
-from studyrunner.analysis import claims, fits, stats
+from studyrunner.analysis import claims
 from studyrunner.analysis.data import from_frame
 
-ALPHA, BETA, SEED_SD, NOISE_SD = 0.05, 0.3, 0.03, 0.04
-DESIGNS = {"2x2": ([1, 4], 2), "3x2": ([1, 2, 4], 2), "3x5": ([1, 2, 4], 5), "5x5": ([1, 2, 4, 8, 16], 5)}
-LEVEL = 0.93  # the issue's floor for a nominal 95% interval over 400 simulations
+SLOPE, BETA, SEED_SD, NOISE_SD = 0.05, 0.3, 0.03, 0.04
+FAIL_P, CHANCE = 0.3, 0.25
+EFFECT = {"normal": 0.05, "bimodal": 0.05, "bimodal-norule": 0.05, "ceiling": 0.01}
+SHAPES = tuple(EFFECT)
+RULE = {"bimodal": "y < 0.4"}
 
 
-def sample(depths, seeds: int, rng: np.random.Generator) -> pd.DataFrame:
-    """One simulated study in `results.trials_frame`'s shape: a cell per depth (loops = D), `seeds` seeds."""
-    d = np.repeat(np.asarray(depths, dtype=float), seeds)
-    s = np.tile(np.arange(seeds), len(depths))
-    sd = NOISE_SD * (1 + np.log(d) / np.log(max(depths)))
-    y = BETA + ALPHA * np.log(d) + rng.normal(0, SEED_SD, seeds)[s] + rng.normal(0, 1, len(d)) * sd
+@dataclass(frozen=True)
+class Design:
+    depths: tuple[int, ...]
+    seeds: int
+    split_top: bool = False  # two cells at the top depth (loops x block = D x 1 and 1 x D)
+
+
+DESIGNS = {
+    "2x2": Design((1, 4), 2),
+    "2x3": Design((1, 4), 3),
+    "3x3": Design((1, 2, 4), 3),
+    "2x5": Design((1, 4), 5),
+    "3x5": Design((1, 2, 4), 5),
+    "5x5": Design((1, 2, 4, 8, 16), 5),
+    "2+x2": Design((1, 4), 2, True),
+    "2+x3": Design((1, 4), 3, True),
+    "2+x5": Design((1, 4), 5, True),
+}
+
+
+def _cells(design: Design) -> list[tuple[int, int]]:
+    """(loops, block_layers) per cell."""
+    cells = [(d, 1) for d in design.depths]
+    return cells + [(1, design.depths[-1])] if design.split_top else cells
+
+
+def _values(shape: str, depth: np.ndarray, seed_effect: np.ndarray, a: float, rng) -> tuple[np.ndarray, np.ndarray]:
+    """(y, failed-to-chance) for trials at `depth` with their seeds' effects."""
+    n = len(depth)
+    lnd = np.log(depth)
+    if shape == "normal":
+        top = max(np.log(16.0), lnd.max()) if lnd.max() > 0 else 1.0
+        sd = NOISE_SD * (1 + lnd / top)
+        return BETA + a * lnd + seed_effect + rng.normal(0, 1, n) * sd, np.zeros(n, bool)
+    if shape.startswith("bimodal"):
+        fail = rng.random(n) < FAIL_P
+        learned = 0.6 + a * lnd + seed_effect + rng.normal(0, NOISE_SD, n)
+        return np.where(fail, CHANCE + rng.normal(0, 0.02, n), learned), fail
+    y = np.minimum(1.0, 0.96 + a * lnd + seed_effect + rng.normal(0, 0.03, n))
+    return np.round(y * 512) / 512, np.zeros(n, bool)
+
+
+def sample(depths, seeds: int, rng: np.random.Generator, shape: str = "normal", a: float = SLOPE, split_top=False,
+           disjoint: bool = False) -> pd.DataFrame:  # fmt: skip
+    """One simulated study in `results.trials_frame`'s shape; `disjoint`: each cell its own seeds."""
+    cells = _cells(Design(tuple(depths), seeds, split_top))
+    loops = np.repeat([c[0] for c in cells], seeds)
+    block = np.repeat([c[1] for c in cells], seeds)
+    s = np.tile(np.arange(seeds), len(cells))
+    if disjoint:
+        s = s + seeds * np.repeat(np.arange(len(cells)), seeds)
+    d = (loops * block).astype(float)
+    u = rng.normal(0, SEED_SD, s.max() + 1)[s]
+    y, _ = _values(shape, d, u, a, rng)
     return pd.DataFrame(
         {
-            "trial_key": [f"D{int(a)}-s{b}" for a, b in zip(d, s, strict=True)],
-            "cell_hash": [f"D{int(a)}" for a in d],
-            "cell": [f"loops={int(a)}" for a in d],
+            "trial_key": [f"L{a_}B{b}-s{c}" for a_, b, c in zip(loops, block, s, strict=True)],
+            "cell_hash": [f"L{a_}B{b}" for a_, b in zip(loops, block, strict=True)],
+            "cell": [f"loops={a_} block_layers={b}" for a_, b in zip(loops, block, strict=True)],
             "seed": s,
             "status": "succeeded",
-            "model.params.block_layers": 1,
-            "model.params.loops": d.astype(int),
+            "model.params.block_layers": block,
+            "model.params.loops": loops,
+            "model.params.width": np.where(d == max(depths), 2, 1),  # selects both top cells of a `+` design
             "effective_depth": d,
             "baseline": "",
             "baseline_of": "",
@@ -51,80 +118,105 @@ def sample(depths, seeds: int, rng: np.random.Generator) -> pd.DataFrame:
     )
 
 
-def _holds(lo: float, hi: float, truth: float) -> bool:
-    return bool(np.isfinite(lo) and np.isfinite(hi) and lo <= truth <= hi)
+def truths(design: Design, shape: str, a: float, draws: int = 400_000) -> dict[str, float]:
+    """True values by a large simulation (exact for the linear shapes): mean and IQM per depth, the
+    slope of the mean over the design's points, failure rates."""
+    rng = np.random.default_rng(12345)
+    out = {}
+    pts_x, pts_y = [], []
+    for loops, block in _cells(design):
+        depth = np.full(draws, float(loops * block))
+        y, _ = _values(shape, depth, rng.normal(0, SEED_SD, draws), a, rng)
+        out[f"mean {loops}x{block}"], out[f"iqm {loops}x{block}"] = float(y.mean()), _iqm(y)
+        pts_x.append(math.log(loops * block))
+        pts_y.append(float(y.mean()))
+    out["slope"] = float(np.polyfit(pts_x, pts_y, 1)[0])
+    return out
 
 
-def _old_bca(x) -> tuple[float, float]:
-    """The per-cell BCa interval as it was shown before (from 3 seeds)."""
-    x = np.asarray(x, dtype=float)
-    if len(x) < 3 or np.ptp(x) == 0:
-        return math.nan, math.nan
-    ci = sps.bootstrap((x,), np.mean, method="BCa", n_resamples=2000, rng=np.random.default_rng(0))
-    return ci.confidence_interval.low, ci.confidence_interval.high
+def _iqm(y: np.ndarray) -> float:
+    lo, hi = np.quantile(y, [0.25, 0.75])
+    return float(y[(y >= lo) & (y <= hi)].mean())
 
 
-def _old_paired_boot(d) -> tuple[float, float]:
-    """The paired bootstrap interval as it was shown before: BCa from 3 distinct differences, else percentile."""
-    return _old_bca(d) if len(d) >= 3 and np.ptp(d) > 0 else stats.stratified_bootstrap([d], np.mean)
+def _claims(design: Design, shape: str, t: dict) -> list[tuple[str, str, float, str]]:
+    """(name, claim, true value of lhs − rhs, frame) per claim kind; frame: "shared" or "disjoint" seeds."""
+    top, bottom = design.depths[-1], design.depths[0]
+    top_cell = f"y[loops={top}, block_layers=1]"
+    bottom_cell = f"y[loops={bottom}, block_layers=1]"
+    diff = t[f"mean {top}x1"] - t[f"mean {bottom}x1"]
+    out = [
+        ("slope > 0", "slope(y ~ ln effective_depth) > 0", t["slope"], "shared"),
+        ("paired mean", f"{top_cell} > {bottom_cell}", diff, "shared"),
+        ("paired IQM", f"iqm(y){top_cell[1:]} > iqm(y){bottom_cell[1:]}", math.nan, "shared"),
+        ("mean > truth", f"{bottom_cell} > {t[f'mean {bottom}x1']:.6f}", 0.0, "shared"),
+        ("IQM > truth", f"iqm(y){bottom_cell[1:]} > {t[f'iqm {bottom}x1']:.6f}", 0.0, "shared"),
+        ("Welch (disjoint seeds)", f"{top_cell} > {bottom_cell}", diff, "disjoint"),
+    ]
+    if design.split_top:
+        both = (t[f"mean {top}x1"] + t[f"mean 1x{top}"]) / 2 - t[f"mean {bottom}x1"]
+        out.append(("cells a side", f"y[width=2] > {bottom_cell}", both, "shared"))
+    if shape == "bimodal":
+        out.append(("failure rates", f"failure_rate[loops={top}, block_layers=1] < failure_rate[loops={bottom}]",
+                    0.0, "shared"))  # fmt: skip
+        out.append(("failure rate < truth", f"failure_rate[loops={bottom}] < {FAIL_P}", 0.0, "shared"))
+    return out
 
 
-def simulate(design: str, sims: int, seed: int = 0, before: bool = True, claims_too: bool = True) -> dict:
-    """Coverage of every interval in one design: {interval name: {"before": rate, "after": rate}}."""
-    depths, seeds = DESIGNS[design]
-    rng = np.random.default_rng([seed, len(depths), seeds])
-    top = max(depths)
-    true_cell = {d: BETA + ALPHA * math.log(d) for d in depths}
-    true_diff = ALPHA * math.log(top)
-    slope_claim = "slope(y ~ ln effective_depth) > 0"
-    pair_claim = f"y[loops={top}] > y[loops=1]"
-    iqm_claim = "iqm(y)[loops=1] > 0"
-    hits: dict[str, dict[str, list[bool]]] = {}
+def _holds(lo, hi, truth) -> bool | None:
+    """Whether [lo, hi] holds truth (the odds-ratio scale's null, 1, for Fisher's interval); None: none shown."""
+    if lo is None or hi is None or np.isnan(lo) or np.isnan(hi):
+        return None
+    return bool(lo <= truth <= hi)
 
-    def record(name: str, when: str, ok: bool) -> None:
-        hits.setdefault(name, {}).setdefault(when, []).append(ok)
 
+def simulate(name: str, shape: str, sims: int, null: bool = True, seed: int = 0) -> dict[str, dict[str, float]]:
+    """{claim kind: {supported, contradicted, coverage, undecidable, n}} for one design and data shape;
+    `null`: no effect (a = 0), else the shape's effect."""
+    design = DESIGNS[name]
+    a = 0.0 if null else EFFECT[shape]
+    t = truths(design, shape, a)
+    kinds = _claims(design, shape, t)
+    rng = np.random.default_rng([seed, len(design.depths), design.seeds, int(design.split_top), SHAPES.index(shape)])
+    tally: dict[str, dict[str, list]] = {k[0]: {"verdict": [], "holds": []} for k in kinds}
+    rule = RULE.get(shape)
     for _ in range(sims):
-        frame = sample(depths, seeds, rng)
-        f = fits.fit(frame.effective_depth, frame.y, clusters=frame.seed, extrapolate=False)
-        record("fit slope α", "after", _holds(*f.param_ci["alpha"], ALPHA))
-        one = frame[frame.effective_depth == 1].y.to_numpy()
-        record("cell mean (t)", "after", _holds(*stats.t_interval(one), true_cell[1]))
-        record("cell mean (t)", "before", _holds(*stats.t_interval(one), true_cell[1]))
-        record("cell IQM", "after", _holds(*stats.yuen_interval(one), true_cell[1]))
-        d = frame[frame.effective_depth == top].y.to_numpy() - one
-        record("paired difference", "after", _holds(*stats.t_interval(d), true_diff))
-        if before:
-            b = fits.fit(
-                frame.effective_depth,
-                frame.y,
-                strata=frame.effective_depth,
-                ci="bootstrap",
-                n_boot=200,
-                extrapolate=False,
-            )
-            record("fit slope α", "before", _holds(*b.param_ci["alpha"], ALPHA))
-            record("cell IQM", "before", _holds(*stats.stratified_bootstrap([one], stats.iqm), true_cell[1]))
-            record("paired difference", "before", _holds(*_old_paired_boot(d), true_diff))
-            if seeds >= 3:  # BCa was not shown below 3 seeds
-                record("cell mean (BCa, shown before)", "before", _holds(*_old_bca(one), true_cell[1]))
-        if claims_too:
-            data = from_frame(frame, metric="y")
-            for name, claim, truth in (
-                ("claim: slope > 0", slope_claim, ALPHA),
-                ("claim: deepest > shallowest", pair_claim, true_diff),
-                ("claim: IQM > 0", iqm_claim, true_cell[1]),
-            ):
-                v = claims.evaluate(data, claim)
-                record(name, "after", _holds(v.lo, v.hi, truth))
-    return {name: {when: float(np.mean(v)) for when, v in by.items()} for name, by in hits.items()}
+        frames = {}
+        for which in ("shared", "disjoint"):
+            frame = sample(design.depths, design.seeds, rng, shape, a, design.split_top, which == "disjoint")
+            frames[which] = from_frame(frame, metric="y", failure=rule)
+        for kind, text, truth, which in kinds:
+            v = claims.evaluate(frames[which], text)
+            tally[kind]["verdict"].append(v.verdict)
+            null_value = 1.0 if getattr(v, "scale", "") == "odds ratio" else 0.0
+            target = null_value if null else truth
+            if not null and kind.startswith("failure"):
+                target = math.nan
+            if np.isfinite(target):
+                tally[kind]["holds"].append(_holds(v.lo, v.hi, target))
+    out = {}
+    for kind, got in tally.items():
+        verdicts = np.array(got["verdict"])
+        shown = [h for h in got["holds"] if h is not None]
+        out[kind] = {
+            "supported": float(np.mean(verdicts == "supported")),
+            "contradicted": float(np.mean(verdicts == "contradicted")),
+            "coverage": float(np.mean(shown)) if shown else math.nan,
+            "undecidable": 1 - len(shown) / len(got["holds"]) if got["holds"] else math.nan,
+            "n": len(verdicts),
+        }
+    return out
 
 
-def table(sims: int, seed: int = 0, before: bool = True) -> pd.DataFrame:
+def table(sims: int, designs=None, shapes=None, seed: int = 0) -> pd.DataFrame:
     rows = []
-    for design in DESIGNS:
-        for name, rates in simulate(design, sims, seed, before).items():
-            rows.append({"design": design, "interval": name, **rates})
+    for name in designs or DESIGNS:
+        for shape in shapes or SHAPES:
+            for null in (True, False):
+                print(f"{name} {shape} {'null' if null else 'effect'}", file=sys.stderr, flush=True)
+                for kind, r in simulate(name, shape, sims, null, seed).items():
+                    rows.append({"design": name, "shape": shape, "truth": "null" if null else "effect",
+                                 "claim": kind, **r})  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -132,14 +224,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sims", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--designs", default=",".join(DESIGNS))
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--csv", help="also write the table here")
     args = parser.parse_args(argv)
-    out = table(args.sims, args.seed)
-    wide = out.pivot_table(index="interval", columns="design", values=["before", "after"], sort=False)
-    options = ("display.width", 250, "display.max_columns", 20, "display.float_format", "{:.3f}".format)
+    out = table(args.sims, args.designs.split(","), args.shapes.split(","), args.seed)
+    if args.csv:
+        out.to_csv(args.csv, index=False)
+    options = ("display.width", 250, "display.max_rows", 1000, "display.float_format", "{:.3f}".format)
     with pd.option_context(*options):
-        print(f"coverage of nominal 95% intervals, {args.sims} simulations per design (floor {LEVEL})")
-        print(wide.swaplevel(axis=1).sort_index(axis=1, level=0, sort_remaining=False))
+        level = "90%" if hasattr(claims, "ALPHA") and claims.ALPHA == 0.05 else "95%"
+        print(f"{args.sims} simulations per design, shape and truth; shown intervals nominally {level}")
+        print(out.drop(columns="n").to_string(index=False))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -65,12 +65,15 @@ def build(
 
 
 def loglinear_outcome(alpha: float = 0.1, beta: float = 0.3, noise: float = 0.01) -> Outcome:
-    """eval_accuracy = alpha·block_layers·ln(loops) + beta + a small seed-dependent offset (the slope in
-    ln loops doubles with two block layers)."""
+    """eval_accuracy = alpha·block_layers·ln(loops) + beta + a small seed-dependent offset and a smaller
+    jitter per trial (the slope in ln loops doubles with two block layers; paired differences have some
+    spread, as real seeds do: identical differences would leave a t-test nothing to estimate)."""
 
     def outcome(params: dict, seed: int) -> dict:
         loops, k = params["loops"], params["block_layers"]
-        offset = noise * ((seed * 7919) % 11 - 5) / 5
+        offset = noise * ((seed * 7919) % 11 - 5) / 5 + noise * 0.3 * math.sin(
+            seed * 12.9898 + loops * 78.233 + k * 37.719
+        )
         return {"eval_accuracy": alpha * k * math.log(loops) + beta + offset, "eval_loss": 2.0 / loops + 0.5}
 
     return outcome

@@ -84,7 +84,7 @@ def test_failure_rate_pairs_shared_seeds_with_an_exact_mcnemar_test(ledgers):
     v = claims_mod.evaluate(data, "failure_rate[loops=1, block_layers=1] > failure_rate[loops=8, block_layers=1]")
     assert v.verdict == "inconclusive" and "McNemar" in v.test
     assert v.p == pytest.approx(0.0625) and "one-sided p=0.0625" in v.detail
-    assert v.lo > 0  # the Newcombe interval is kept for display (it alone would have said supported)
+    assert v.lo < 0 < v.hi  # the exact conditional interval agrees (Newcombe's lo > 0 did not: issue 22)
     # unpaired (two cells on the right): Fisher's exact one-sided, 4/4 vs 0/8
     v = claims_mod.evaluate(data, "failure_rate[loops=1, block_layers=1] > failure_rate[loops=8]")
     expected = sps.fisher_exact([[4, 0], [0, 8]], alternative="greater").pvalue
@@ -107,21 +107,24 @@ def test_failure_rate_against_a_number_uses_an_exact_binomial_test(ledgers):
 # --- p-values and Holm ----------------------------------------------------------------------------
 
 
-def test_t_claims_carry_the_two_sided_p_of_their_interval(ledgers):
+def test_t_claims_carry_the_one_sided_p_of_their_interval(ledgers):
     data = load(ledgers, "clean")
     v = claims_mod.evaluate(data, FINISHED)
     a = data.select((("loops", 8), ("block_layers", 1))).sort_values("seed").eval_accuracy.to_numpy()
     b = data.select((("loops", 1), ("block_layers", 1))).sort_values("seed").eval_accuracy.to_numpy()
-    assert v.p == pytest.approx(sps.ttest_rel(a, b).pvalue, abs=1e-12)  # identical seed offsets: p ~ 0
+    assert v.p == pytest.approx(sps.ttest_rel(a, b, alternative="greater").pvalue, abs=1e-12)  # offsets: p ~ 0
     noisy = a + np.array([0.01, -0.02, 0.03, 0.0])
     data.trials.loc[data.select((("loops", 8), ("block_layers", 1))).sort_values("seed").index, "eval_accuracy"] = noisy
     v = claims_mod.evaluate(data, FINISHED)
-    assert 0 < v.p < 0.05 and v.p == pytest.approx(sps.ttest_rel(noisy, b).pvalue)
-    v = claims_mod.evaluate(data, "eval_accuracy[loops=8] > eval_accuracy[loops=1]")  # Welch
-    assert v.test.startswith("Welch") and 0 < v.p < 0.05
-    v = claims_mod.evaluate(data, "eval_accuracy[loops=1] > 0.35")
-    assert v.p == pytest.approx(sps.ttest_1samp(data.select((("loops", 1),)).eval_accuracy, 0.35).pvalue)
-    assert math.isnan(claims_mod.evaluate(data, "iqm(eval_accuracy)[loops=4] > 0.4").p)  # bootstrap: no p
+    assert 0 < v.p < 0.05 and v.p == pytest.approx(sps.ttest_rel(noisy, b, alternative="greater").pvalue)
+    assert v.p_claimed == v.p and v.p_opposite == pytest.approx(1 - v.p)
+    v = claims_mod.evaluate(data, "eval_accuracy[loops=8, block_layers=1] > eval_accuracy[loops=1, block_layers=2]")
+    assert v.test.startswith("paired") and 0 < v.p < 0.05
+    v = claims_mod.evaluate(data, "eval_accuracy[loops=1, block_layers=1] > 0.29")
+    values = data.select((("loops", 1), ("block_layers", 1))).eval_accuracy
+    assert v.p == pytest.approx(sps.ttest_1samp(values, 0.29, alternative="greater").pvalue)
+    v = claims_mod.evaluate(data, "iqm(eval_accuracy)[loops=4, block_layers=1] > 0.4")  # Yuen: a p, so Holm sees it
+    assert 0 < v.p < 0.05 and v.verdict == "supported"
 
 
 def test_holm_adjusts_decided_claims_and_leaves_the_rest():
@@ -180,8 +183,10 @@ def test_slope_keeps_failed_seeds_with_a_value_and_drops_those_without(ledgers):
 
 def test_claims_on_fewer_than_3_seeds_a_side_say_so(ledgers):
     data = load(ledgers, "clean")
+    # two cells a side, one seed: the seed is the unit (issue 22), so one value a side, and no test
     v = claims_mod.evaluate(data, "eval_accuracy[loops=8, seed=0] > eval_accuracy[loops=1, seed=0]")
-    assert v.seeds == (2, 2) and "2 seeds per side: an interval from fewer than 3 seeds is wide" in v.detail
+    assert v.seeds == (1, 1) and "1 seed per side: an interval from fewer than 3 seeds is wide" in v.detail
+    assert v.verdict == "inconclusive" and math.isnan(v.p)
     v = claims_mod.evaluate(data, FINISHED)
     assert v.seeds == (4, 4) and "seeds per side" not in v.detail
     v = claims_mod.evaluate(data, "failure_rate[loops=8, seed=1] < 0.5")

@@ -22,6 +22,7 @@ import pandas as pd
 from ..errors import SpecError, StudyrunnerError
 from ..store import CurveStore, Ledger
 from ..study.claims_grammar import GrammarError, Rule, parse_rule, selector_column, values_equal
+from ..study.schema import ClaimEntry
 from ..urls import mask_url
 from .search import search_frame
 
@@ -39,7 +40,7 @@ class StudyData:
     trials: pd.DataFrame
     metric: str = "eval_accuracy"
     mode: str = "max"
-    claims: list[str] = field(default_factory=list)
+    claims: list[ClaimEntry] = field(default_factory=list)  # each a claim text and its min_effect
     failure_rule: Rule | None = None
     missing: int = 0  # trials of the study (file) that have not finished
     experiment_id: str | None = None
@@ -73,15 +74,15 @@ class StudyData:
 
     @property
     def varied_columns(self) -> list[str]:
-        """Config columns whose value differs between cells (the study's axes, baselines included). Kept per
-        trials frame: every selector of every claim asks (a sequential study's looks, many times each)."""
-        cached = self.__dict__.get("_varied")
-        if cached is not None and cached[0] is self.trials:
-            return list(cached[1])
-        cells = self.trials.drop_duplicates("cell_hash")
-        varied = [c for c in self.config_columns if cells[c].astype(str).nunique() > 1]
-        self.__dict__["_varied"] = (self.trials, varied)
-        return list(varied)
+        """Config columns whose value differs between cells (the study's axes, baselines included); kept
+        while the trials frame is the same object of the same shape (a cell's config never changes)."""
+        cached = self.__dict__.get("_varied")  # (the frame itself, its shape, the columns)
+        if cached is None or cached[0] is not self.trials or cached[1] != self.trials.shape:
+            cells = self.trials.drop_duplicates("cell_hash")
+            varied = [c for c in self.config_columns if cells[c].astype(str).nunique() > 1]
+            cached = (self.trials, self.trials.shape, varied)
+            self.__dict__["_varied"] = cached
+        return list(cached[2])
 
     @cached_property
     def curves(self) -> pd.DataFrame:
@@ -343,10 +344,11 @@ def from_frame(
     metric: str = "eval_accuracy",
     mode: str = "max",
     failure: str | None = None,
-    claims: list[str] | None = None,
+    claims: list | None = None,
     analysis: dict[str, Any] | None = None,
 ) -> StudyData:
-    """A StudyData from a trials frame in `results.trials_frame`'s shape (tests, notebooks)."""
+    """A StudyData from a trials frame in `results.trials_frame`'s shape (tests, notebooks); `claims`:
+    strings, mappings {claim, min_effect} or ClaimEntry."""
     rule = parse_rule(failure) if failure else None
     trials = annotate(trials.reset_index(drop=True), rule)
     return StudyData(
@@ -354,7 +356,7 @@ def from_frame(
         trials,
         metric,
         mode,
-        list(claims or []),
+        [ClaimEntry.model_validate(c) for c in claims or []],
         rule,
         int((~trials.status.isin(DONE)).sum()),
         cells_order=list(dict.fromkeys(trials.cell_hash)),

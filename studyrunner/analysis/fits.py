@@ -22,10 +22,13 @@ Intervals (`ci=`), chosen to hold their level at the 2-5 seeds per cell that stu
   clustered by seed (the same seed means the same initialisation and data stream in every cell, so a
   seed's points are not independent), with Bell-McCaffrey degrees of freedom (Imbens & Kolesár 2016);
   statsmodels has CR1 with G−1 degrees of freedom only, which undercovers with 2-5 clusters. Nonlinear
-  forms use the Jacobian at the optimum as the design. With exactly two distinct D the slope is the
-  difference of the two depths' means over Δ ln D, and its interval is the pairwise one (`two_point`):
-  the paired t over shared seeds, else Welch, so a slope claim over two depths and the pairwise claim on
-  the same cells always agree. With one seed, the classical OLS t-interval (n − p degrees of freedom).
+  forms use the Jacobian at the optimum as the design. The seed stays the unit of replication however
+  many cells share a depth: with two distinct D and every seed at both, CR2 by seed is exactly the paired
+  t over per-seed depth means (df = seeds − 1), so a slope claim over two depths and the pairwise claim
+  on the same cells agree; with a seed missing at one depth the estimate and interval both come from the
+  one fit (an earlier rule took the interval from the paired t and the estimate from the fit, and fell
+  back to Welch over cell values with several cells at a depth, which ignored the seeds). With one seed,
+  the classical OLS t-interval (n − p degrees of freedom).
 - `bootstrap`: the earlier percentile bootstrap of seeds within strata (refitting each draw); at 2 seeds a
   cell it hardly varies and covered the true slope 58% of the time at 2×2 (nominal 95%). Kept as an option.
 """
@@ -46,7 +49,7 @@ from scipy.special import expit, logsumexp
 
 from . import robust
 from .data import StudyData, depth_at_loops, loops_columns
-from .stats import CONFIDENCE, SEED, seed_difference
+from .stats import CONFIDENCE, SEED
 
 N_BOOT = 1000  # bootstrap refits (closed-form log-linear fits); nonlinear forms use NONLINEAR_BOOT
 NONLINEAR_BOOT = 200
@@ -225,6 +228,7 @@ class Fit:
     _theta: np.ndarray | None = field(default=None, repr=False)
     _sandwich: robust.Sandwich | None = field(default=None, repr=False)
     clusters: np.ndarray | None = field(default=None, repr=False)  # seed of each point (x, y), when given
+    trial_keys: np.ndarray | None = field(default=None, repr=False)  # trial of each point, when the caller sets it
 
     def predict(self, depth) -> np.ndarray:
         return self._form.predict(self._theta, np.log(np.asarray(depth, dtype=float)))
@@ -412,7 +416,7 @@ def _bootstrap(out: Fit, f: Form, res, lx, strata, loss, f_scale, n_boot, confid
 
 
 def _robust(out: Fit, f: Form, res, lx, clusters, confidence) -> None:
-    """CR2 t-intervals clustered by seed (see the module docstring); the two-point rule for a slope."""
+    """CR2 t-intervals clustered by seed (see the module docstring)."""
     sandwich = robust.cr2(res.jac, out.y - out._form.predict(res.x, lx) if not f.log_space else -res.fun, clusters)
     if sandwich is None:
         return
@@ -423,27 +427,9 @@ def _robust(out: Fit, f: Form, res, lx, clusters, confidence) -> None:
         df[name] = sandwich.df(c)
         lo[name], hi[name] = sandwich.interval(c, float(res.x[i]), confidence)
     out.ci_method = f"CR2 t by seed ({sandwich.clusters} seeds)"
-    if f.name in ("loglinear", "linear") and len(np.unique(lx)) == 2:
-        slope = _two_point(np.exp(lx) if f.name == "linear" else lx, out.y, clusters, confidence)
-        if slope is not None:
-            lo["alpha"], hi["alpha"], df["alpha"], out.ci_method = slope
     lo_n, hi_n = _named(f, np.array([lo[p] for p in f.params])), _named(f, np.array([hi[p] for p in f.params]))
     out.param_ci = {p: (min(lo_n[p], hi_n[p]), max(lo_n[p], hi_n[p])) for p in lo_n}
     out.df = {p: df[p] for p in lo_n}
-
-
-def _two_point(x, y, clusters, confidence):
-    """Two distinct x: the slope is (ȳ₂ − ȳ₁)/Δx, and its interval is the pairwise comparison's
-    (`stats.seed_difference`: paired t over shared seeds, else Welch) over Δx."""
-    x1, x2 = np.unique(x)
-    seeds = np.asarray(clusters)
-    res = seed_difference(
-        pd.Series(y[x == x2], index=seeds[x == x2]), pd.Series(y[x == x1], index=seeds[x == x1]), confidence
-    )
-    if res is None:
-        return None
-    dx = x2 - x1
-    return res["lo"] / dx, res["hi"] / dx, res["df"], f"two depths: {res['method']}"
 
 
 def _bound_flags(form: Form, theta: np.ndarray, lx: np.ndarray, y: np.ndarray) -> list[str]:

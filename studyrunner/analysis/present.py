@@ -12,7 +12,17 @@ from rich.text import Text
 
 from .claims import CONTRADICTED, INCONCLUSIVE, INVALID, PENDING, SUPPORTED, Verdict
 from .search import best_points
-from .summary import EQUAL_DEPTH_COLUMNS, FAMILY_COLUMNS, FIT_COLUMNS, GAP_COLUMNS, Analysis, fmt, interval
+from .summary import (
+    EQUAL_DEPTH_COLUMNS,
+    FAMILY_COLUMNS,
+    FIT_COLUMNS,
+    GAP_COLUMNS,
+    Analysis,
+    fmt,
+    interval,
+    seeds_needed_text,
+    verdict_interval,
+)
 
 STYLES = {SUPPORTED: "green", CONTRADICTED: "red", INCONCLUSIVE: "yellow", INVALID: "magenta", PENDING: "cyan"}
 
@@ -80,7 +90,8 @@ def frame_table(title: str, df: pd.DataFrame, columns: dict[str, str]) -> Table:
 
 def verdicts_table(verdicts: list[Verdict], holm: bool = False) -> Table:
     """The claims table; `holm`: the Holm-adjusted p and verdict beside the raw ones."""
-    columns = ["claim", "verdict", "lhs", "rhs", "lhs − rhs", "95% interval", "p"]
+    level = verdicts[0].alpha if verdicts else 0.05
+    columns = ["claim", "verdict", "lhs", "rhs", "lhs − rhs", f"{1 - 2 * level:.0%} interval", "p (one-sided)"]
     columns += ["p (Holm)", "verdict (Holm)"] if holm else []
     table = _table("claims", [*columns, "test", "detail"])
     for v in verdicts:
@@ -91,14 +102,23 @@ def verdicts_table(verdicts: list[Verdict], holm: bool = False) -> Table:
             Text(v.verdict, style=STYLES.get(v.verdict, "")),
             fmt(v.lhs),
             fmt(v.rhs),
-            fmt(v.estimate),
-            interval(v.lo, v.hi),
+            fmt(v.lhs - v.rhs if v.scale else v.estimate),
+            verdict_interval(v),
             fmt(v.p),
             *adjusted,
             Text(v.test),
             Text(v.detail),
         )
     return table
+
+
+def print_verdicts(verdicts: list[Verdict], console: Console, holm: bool = False) -> None:
+    """The claims table, then for each inconclusive claim the seeds its test needs (`power.fill`)."""
+    console.print(verdicts_table(verdicts, holm=holm))
+    for i, v in enumerate(verdicts):
+        text = seeds_needed_text(v)
+        if text:
+            console.print(Text(f"claim {i + 1} ({v.claim}): {text}"), soft_wrap=True)
 
 
 def print_analysis(a: Analysis, console: Console) -> None:
@@ -205,7 +225,7 @@ def print_analysis(a: Analysis, console: Console) -> None:
                 soft_wrap=True,
             )
     if a.verdicts:
-        console.print(verdicts_table(a.verdicts))
+        print_verdicts(a.verdicts, console)
 
 
 def search_table(a: Analysis) -> Table:

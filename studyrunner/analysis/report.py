@@ -19,9 +19,20 @@ import pandas as pd
 
 from ..errors import StudyrunnerError
 from ..urls import mask_url
+from .claims import flat as claims_flat
 from .data import StudyData
 from .mlflow_ui import run_url, runs_url
-from .summary import EQUAL_DEPTH_COLUMNS, FAMILY_COLUMNS, GAP_COLUMNS, Analysis, analyze, fmt, interval
+from .summary import (
+    EQUAL_DEPTH_COLUMNS,
+    FAMILY_COLUMNS,
+    GAP_COLUMNS,
+    Analysis,
+    analyze,
+    fmt,
+    interval,
+    verdict_detail,
+    verdict_interval,
+)
 
 TEMPLATE = "report.html.j2"
 CURVE_METRICS = ("train_loss", "eval_loss")  # plotted per cell when present, with the study metric
@@ -346,8 +357,10 @@ def render(a: Analysis, ui: str | None = None) -> str:
     verdicts = [
         {
             **v.row(),
-            "difference": fmt(v.estimate),
-            "interval": interval(v.lo, v.hi),
+            "difference": fmt(v.lhs - v.rhs if v.scale else v.estimate),
+            "interval": verdict_interval(v),
+            "p": fmt(v.p),
+            "detail": verdict_detail(v),
             "lhs": fmt(v.lhs),
             "rhs": fmt(v.rhs),
         }
@@ -362,6 +375,7 @@ def render(a: Analysis, ui: str | None = None) -> str:
         "mode": d.mode,
         "missing": d.missing,
         "claims": verdicts,
+        "claims_level": f"{1 - 2 * a.verdicts[0].alpha:.0%}" if a.verdicts else "90%",
         "cells": _cells_table(a),
         "strip": strip_plot(a),
         "failures": failure_plot(a),
@@ -432,7 +446,7 @@ def write_report(
         written = [html]
         if tables:
             for name, df in (("cells", a.cells), ("fits", a.fit_table), ("fit_groups", a.groups),
-                             ("claims", a.claims_table), ("percent_gap", a.gap), ("families", a.families),
+                             ("claims", claims_flat(a.claims_table)), ("percent_gap", a.gap), ("families", a.families),
                              ("equal_depth", a.equal_depth)):  # fmt: skip
                 if len(df):
                     path = out / f"{a.data.name}-{name}.csv"

@@ -7,8 +7,8 @@ are here. CR2 scales each cluster's residuals by (I − H_gg)^(-1/2), which make
 the errors are homoskedastic; the degrees of freedom are those of the Satterthwaite approximation to the
 distribution of c'V c under that working model, computed per contrast c.
 
-Below it, the tests `verify` runs on fitted coefficients: a slope against a number (`param_test`) and the
-difference of two slopes in one regression with an interaction (`slope_difference`).
+Below it, what `verify` tests of fitted coefficients: a slope (`coefficient`) and the difference of two
+slopes in one regression with an interaction (`slope_difference`), each as an estimate, se and df.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from scipy import stats
-
-from .stats import CONFIDENCE
 
 _TINY = 1e-12
 
@@ -77,10 +75,11 @@ def cr2(X: np.ndarray, residuals: np.ndarray, clusters) -> Sandwich | None:
 # --- tests of fitted coefficients (claims) -----------------------------------------------------
 
 
-def slope_difference(a: tuple, b: tuple, log_x: bool = True, confidence: float = CONFIDENCE) -> dict | None:
+def slope_difference(a: tuple, b: tuple, log_x: bool = True) -> dict | None:
     """α_a − α_b of two straight-line fits, each side given as (x, y, seeds): one regression with a
     side indicator and its interaction, y = β + α·x + g·(β' + α'·x), so seeds shared by both sides are
-    one cluster; CR2 t by seed (OLS t with one seed). None with fewer than two distinct x a side."""
+    one cluster; CR2 by seed (OLS with one seed). {estimate, se, df, method}; None with fewer than two
+    distinct x a side."""
     xs, ys, cs, side = [], [], [], []
     for g, (x, y, seeds) in enumerate((a, b)):
         x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
@@ -96,37 +95,29 @@ def slope_difference(a: tuple, b: tuple, log_x: bool = True, confidence: float =
     coef, *_ = np.linalg.lstsq(X, y, rcond=None)
     c = np.array([0.0, 0.0, 0.0, -1.0])  # α_a − α_b = −α'
     estimate = float(c @ coef)
-    sandwich = cr2(X, y - X @ coef, seeds)
+    resid = y - X @ coef
+    sandwich = cr2(X, resid, seeds)
     if sandwich is not None:
-        se, df, method = sandwich.se(c), sandwich.df(c), f"CR2 t by seed ({sandwich.clusters} seeds)"
-    else:
-        resid = y - X @ coef
-        df = len(y) - 4
-        if df < 1:
-            return None
-        se = math.sqrt(float(resid @ resid) / df * float(c @ np.linalg.pinv(X.T @ X) @ c))
-        method = "OLS t (one seed)"
-    return _t_result(estimate, se, df, confidence, method)
+        return {
+            "estimate": estimate,
+            "se": sandwich.se(c),
+            "df": sandwich.df(c),
+            "method": f"CR2 t by seed ({sandwich.clusters} seeds)",
+        }
+    df = len(y) - 4
+    if df < 1:
+        return None
+    se = math.sqrt(float(resid @ resid) / df * float(c @ np.linalg.pinv(X.T @ X) @ c))
+    return {"estimate": estimate, "se": se, "df": float(df), "method": "OLS t (one seed)"}
 
 
-def _t_result(estimate: float, se: float, df: float, confidence: float, method: str) -> dict:
-    if se > 0 and np.isfinite(df):
-        half = stats.t.ppf(0.5 + confidence / 2, df) * se
-        p = float(2 * stats.t.sf(abs(estimate) / se, df))
-    else:  # no spread at all: the estimate is exact
-        half, p = 0.0, (0.0 if estimate != 0 else 1.0)
-    return {"estimate": estimate, "lo": estimate - half, "hi": estimate + half, "df": df, "p": p, "method": method}
-
-
-def param_test(f, name: str, value: float = 0.0, confidence: float = CONFIDENCE) -> dict:
-    """The fit's parameter `name` against `value`: its interval (`f.param_ci`) and the matching two-sided p."""
+def coefficient(f, name: str) -> dict:
+    """The fit's parameter `name` as {estimate, se, df, method}: from its CR2 sandwich by seed, else the
+    classical OLS covariance (one seed); se and df NaN when the fit has neither."""
     estimate = f.params[name]
-    lo, hi = f.param_ci.get(name, (math.nan, math.nan))
-    df = f.df.get(name, math.nan)
-    if not (np.isfinite(lo) and np.isfinite(hi) and np.isfinite(df)):
-        return {"estimate": estimate, "lo": lo, "hi": hi, "df": df, "p": math.nan, "method": f.ci_method}
-    half = (hi - lo) / 2
-    se = half / stats.t.ppf(0.5 + confidence / 2, df)
-    center = (lo + hi) / 2 - value  # the two-point rule centres on the paired mean, not the OLS estimate
-    p = float(2 * stats.t.sf(abs(center) / se, df)) if se > 0 else (0.0 if center != 0 else 1.0)
-    return {"estimate": estimate, "lo": lo, "hi": hi, "df": df, "p": p, "method": f.ci_method}
+    i = f._form.params.index(name) if f._form is not None and name in f._form.params else None
+    if i is None or f.cov is None:
+        return {"estimate": estimate, "se": math.nan, "df": math.nan, "method": f.ci_method}
+    c = np.eye(len(f._theta))[i]
+    se = math.sqrt(max(float(c @ f.cov @ c), 0.0))
+    return {"estimate": estimate, "se": se, "df": f.df.get(name, math.nan), "method": f.ci_method}

@@ -43,7 +43,6 @@ no SQL. The runner (orchestrate/waves.py) calls `take_look` after each wave; the
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -56,7 +55,9 @@ from scipy.special import ndtr
 from scipy.stats import norm
 
 from ..study.claims_grammar import Claim, Number, parse_claim
+from ..study.schema import ClaimEntry
 from . import claims as claims_module
+from . import power as power_module
 from .data import StudyData
 
 SAMPLING, FUTILE, ENDED = "sampling", "futile", "inconclusive"
@@ -69,98 +70,19 @@ GRID_POINTS = 241  # per look, Simpson's rule (odd); boundaries agree with scipy
 SD_RANGE = 8.0  # the grid spans this many standard deviations below the boundary
 
 
-# ------------------------------------------------------------------------- adapters (issue 22, branch h22q)
-# h22q gives `claims.ALPHA = 0.05` exactly, `evaluate(data, claim, alpha=...)` with `Verdict.p_claimed` and
-# `Verdict.p_opposite`, `analysis.power.seeds_needed`, and claims with a `min_effect`. Until that lands, the three
-# functions below derive the same from today's Verdict; delete them at merge and call the real ones.
-
-ALPHA = round(claims_module.ALPHA, 12)  # today 1 - 0.95 = 0.050000000000000044
+ALPHA = claims_module.ALPHA
 
 
 def claim_test(data: StudyData, claim: Claim, alpha: float = ALPHA) -> claims_module.Verdict:
-    """The claim's own test at level `alpha` (one-sided), with `p_claimed` and `p_opposite` (NaN: cannot decide)."""
-    if "alpha" in inspect.signature(claims_module.evaluate).parameters:
-        return claims_module.evaluate(data, claim, alpha=alpha)
-    v = claims_module.evaluate(data, claim)
-    if hasattr(v, "p_claimed"):
-        return v
-    greater = _greater(claim)
-    p_claimed = p_opposite = math.nan
-    if any(q.kind == "failure_rate" for q in claim.quantities):  # p: one-sided, in the verdict's direction
-        if v.verdict == CONTRADICTED:
-            p_claimed, p_opposite = 1 - v.p, v.p
-        elif np.isfinite(v.p):
-            p_claimed, p_opposite = v.p, (1 - v.p if v.verdict == SUPPORTED else math.nan)
-    elif np.isfinite(v.p) and np.isfinite(v.estimate):  # a t-test's two-sided p
-        toward = v.p / 2 if v.estimate != 0 else 0.5
-        up, down = (toward, 1 - toward) if v.estimate > 0 else (1 - toward, toward)
-        p_claimed, p_opposite = (up, down) if greater else (down, up)
-    v.p_claimed, v.p_opposite = p_claimed, p_opposite
-    return v
-
-
-@dataclass(frozen=True)
-class _Needed:
-    per_side: int | None
-    effect: float
-    method: str
-    note: str = ""
-
-
-def seeds_needed(data: StudyData, claim: Claim, verdict, *, effect: float | None, power: float, alpha: float):
-    """Seeds per side for `power` at `effect` (None: the observed one); None where it cannot be estimated."""
-    try:
-        from .power import seeds_needed as real
-    except ImportError:
-        real = None
-    if real is not None:
-        return real(data, claim, effect=effect, power=power, alpha=alpha)
-    # A normal approximation from the shown 95% t-interval (t-based tests only).
-    if any(q.kind in ("failure_rate", "slope") for q in claim.quantities) or not verdict.seeds:
-        return None
-    effect = abs(verdict.estimate) if effect is None else abs(effect)
-    n = min(verdict.seeds)
-    if not (np.isfinite(verdict.lo) and np.isfinite(verdict.hi)) or n < 2:
-        return None
-    se = (verdict.hi - verdict.lo) / 2 / _t_quantile(n - 1)
-    two_samples = len(claim.quantities) == 2 and "paired" not in verdict.test
-    sd = se * math.sqrt(n / 2 if two_samples else n)
-    if effect == 0:
-        return _Needed(None, effect, "normal approximation")
-    if not np.isfinite(effect):
-        return _Needed(1, effect, "normal approximation")
-    per_side = math.ceil((2 if two_samples else 1) * ((norm.isf(alpha) + norm.ppf(power)) * sd / effect) ** 2)
-    return _Needed(per_side if per_side <= 100_000 else None, effect, "normal approximation")
-
-
-@lru_cache(maxsize=256)
-def _t_quantile(df: int) -> float:
-    from scipy.stats import t
-
-    return float(t.ppf(0.975, df))
+    """The claim's own test (analysis/claims.py) decided at one-sided `alpha`, with `p_claimed` and `p_opposite`."""
+    return claims_module.evaluate(data, claim, alpha=alpha)
 
 
 def claim_specs(source) -> list[tuple[str, float | None]]:
-    """(claim text, min_effect or None) of each claim of `source` (a StudyData or a Study: its `claims`); plain
-    strings have no min_effect."""
-    out = []
-    for item in source.claims:
-        if isinstance(item, str):
-            out.append((item, None))
-        elif isinstance(item, dict):
-            out.append((str(item.get("claim")), item.get("min_effect")))
-        else:
-            out.append(
-                (str(getattr(item, "claim", None) or getattr(item, "text", item)), getattr(item, "min_effect", None))
-            )
-    return [(text, _min_effect(source, i, m)) for i, (text, m) in enumerate(out)]
-
-
-def _min_effect(source, i: int, given: float | None) -> float | None:
-    effects = getattr(source, "min_effects", None)  # h22q's StudyData may carry them beside the texts
-    if given is None and effects is not None and i < len(effects):
-        given = effects[i]
-    return None if given is None else float(given)
+    """(claim text, min_effect or None) of each claim of `source` (a StudyData or a Study: its `claims`, each a
+    ClaimEntry, a mapping or a plain string)."""
+    entries = [c if isinstance(c, ClaimEntry) else ClaimEntry.model_validate(c) for c in source.claims]
+    return [(c.claim, c.min_effect) for c in entries]
 
 
 # ------------------------------------------------------------------------------ spending and boundaries
@@ -532,7 +454,9 @@ def _futility(data, claim, v, design: Design, min_effect, fractions, z: float, o
     final = boundaries((*fractions, 1.0), design.level, design.spending)[-1]  # were the next look the last
     needed = None
     if min_effect is not None or design.futility_effect == "observed":
-        needed = seeds_needed(data, claim, v, effect=min_effect, power=design.futility_power, alpha=design.alpha)
+        needed = power_module.seeds_needed(
+            data, claim, effect=min_effect, power=design.futility_power, alpha=design.alpha
+        )
         if needed is None:
             return None
         if min_effect is None:  # "observed": 80% power at the observed effect within max

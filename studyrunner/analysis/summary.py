@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from . import claims as claims_mod
-from . import depth, sequential, solve
+from . import depth, power, sequential, solve
 from . import fits as fits_mod
 from . import stats as stats_mod
 from .data import StudyData
@@ -192,7 +192,7 @@ def analyze(
         out.time_to_solve_cells = solve.time_to_solve_summary(out.time_to_solve, data.cells_order)
     out.failure_depth = fits_mod.failure_vs_depth(data)
     if with_claims and data.claims:
-        out.verdicts = sequential.verify(data)  # a sequential study's: as its looks decided them
+        out.verdicts = power.fill(data, sequential.verify(data))  # a sequential study's: as its looks decided them
     return out
 
 
@@ -217,3 +217,30 @@ def interval(lo, hi, digits: int = 3) -> str:
     if lo is None or hi is None or (isinstance(lo, float) and math.isnan(lo)):
         return ""
     return f"[{fmt(lo, digits)}, {fmt(hi, digits)}]"
+
+
+def verdict_interval(v: claims_mod.Verdict) -> str:
+    """The verdict's interval as shown: on the difference scale, or named (e.g. "odds ratio 3.2 [1.1, inf]")."""
+    shown = interval(v.lo, v.hi)
+    return f"{v.scale} {fmt(v.estimate, 3)} {shown}" if v.scale and shown else shown
+
+
+def verdict_detail(v: claims_mod.Verdict) -> str:
+    """The detail, with the seeds needed for an inconclusive claim (`power.seeds_needed`) after it."""
+    return "; ".join(filter(None, [v.detail, seeds_needed_text(v)]))
+
+
+def seeds_needed_text(v: claims_mod.Verdict) -> str:
+    """E.g. "seeds needed for 80% power: 7 per side at the observed effect +0.02 (closed form: noncentral t,
+    paired; an estimate: sd from 3 seeds); 12 at min_effect 0.05"."""
+    if not v.seeds_needed:
+        return ""
+    parts = []
+    for key, label in (("observed", "the observed effect"), ("min_effect", "min_effect")):
+        need = v.seeds_needed.get(key)
+        if not need:
+            continue
+        count = f"{need['per_side']} per side" if need["per_side"] is not None else "more than 1000 per side"
+        how = "; ".join(filter(None, [need["method"], need["note"]]))
+        parts.append(f"{count} at {label} {need['effect']:+.3g} ({how})")
+    return "seeds needed for 80% power: " + "; ".join(parts) if parts else ""

@@ -107,24 +107,24 @@ def verify(
     """Check the study's claims: supported, contradicted, inconclusive, or pending while trials they select
     are unfinished (exit 1 if a claim is contradicted or invalid; pending claims never fail)."""
     from ..analysis import claims as analysis_claims
-    from ..analysis import sequential
-    from ..analysis.present import verdicts_table, write_json
+    from ..analysis import power, sequential
+    from ..analysis.present import print_verdicts, write_json
 
     loaded = _load_study(study, db, workspace, storage)
     if not loaded.claims:
         if loaded.spec_error:
             raise StudyrunnerError(loaded.spec_error)
         raise StudyrunnerError(f"study {loaded.name!r} declares no claims; add a `claims:` list to its study file")
-    verdicts = sequential.verify(loaded, holm=holm)
+    verdicts = power.fill(loaded, sequential.verify(loaded, holm=holm))
     table = analysis_claims.verdict_table(verdicts, holm=holm)
     if format is AnalysisFormat.json:
         write_json(json.loads(table.to_json(orient="records")))
     elif format is AnalysisFormat.csv:
-        sys.stdout.write(table.to_csv(index=False))
+        sys.stdout.write(analysis_claims.flat(table).to_csv(index=False))
     else:
         if loaded.missing:
             err.print(f"{loaded.missing} trials have not finished; claims that select them are pending", markup=False)
-        out.print(verdicts_table(verdicts, holm=holm))
+        print_verdicts(verdicts, out, holm=holm)
     final = [v.verdict_holm if holm else v.verdict for v in verdicts]
     if any(f in (analysis_claims.CONTRADICTED, analysis_claims.INVALID) for f in final):
         raise typer.Exit(1)

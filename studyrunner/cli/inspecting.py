@@ -45,6 +45,23 @@ def validate(file: StudyFile):
     else:
         counts = f"{len(compiled.cells)} cells, {len(compiled.trials)} trials"
     out.print(f"{file}: ok ({counts})", markup=False, highlight=False)
+    _print_reach(compiled)
+
+
+def _print_reach(compiled) -> None:
+    """Per claim, the smallest one-sided p its test can reach with the study's seeds; a warning for each
+    claim that cannot reach the level it is decided at (it can only come out inconclusive)."""
+    from ..study.claims_check import ALPHA, claim_reach
+
+    reach = claim_reach(compiled)
+    if not reach:
+        return
+    out.print(f"claims (decided at one-sided p < {ALPHA:g}; the smallest p each test can reach with these seeds):",
+              markup=False, highlight=False)  # fmt: skip
+    for r in reach:
+        out.print(f"  {r.line()}", markup=False, highlight=False, soft_wrap=True)
+    warn([f"claims[{r.index}] cannot be decided with {r.seeds} seeds" + (f"; it needs {r.needs}" if r.needs else "")
+          for r in reach if not r.reaches])  # fmt: skip
 
 
 def _sequential_line(compiled) -> str:
@@ -105,6 +122,7 @@ def plan(file: StudyFile):
             *([", ".join(f"{kind} of #{number[h]}" for kind, h in cell.baseline_of)] if has_baselines else []),
         )
     out.print(table)
+    _print_reach(compiled)
     if study.search:
         space = Table(title=Text(f"search space ({study.search.sampler}, seed {study.search.seed})"))
         for col in ("path", "range"):

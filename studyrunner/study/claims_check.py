@@ -12,10 +12,12 @@ Errors are one line naming the claim (`claims[i]`), its line in the file and how
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .canonical import flatten_config
-from .claims_grammar import Number, parse_claim, selector_column, values_equal
+from .claims_grammar import Number, Quantity, parse_claim, selector_column, values_equal
 from .compiled import CompiledStudy
 from .errors import spec_error
 
@@ -30,7 +32,7 @@ def check_claims(compiled: CompiledStudy, reports: Callable[[str], bool], report
     paths = list(dict.fromkeys(p for f in flat for p in f))
     varied = [p for p in paths if len({repr(f.get(p)) for f in flat}) > 1]
     searched = set(study.search.space) if study.search is not None else set()
-    for i, text in enumerate(study.claims):
+    for i, text in enumerate(study.claim_texts):
 
         def fail(msg: str, i=i, text=text) -> None:
             raise spec_error(study.source, study._node, ("claims", i), f"{text!r}: {msg}")
@@ -77,3 +79,136 @@ def _column(key: str, paths: list[str], varied: list[str], fail: Callable[[str],
         "model.params.loops, or cell, family, task, baseline, seed)"
     )
     raise AssertionError  # fail raises
+
+
+# --- what each claim's test can reach with the study's seeds ---------------------------------------------
+
+ALPHA = 0.05  # = analysis.claims.ALPHA (the study layer does not import the analysis)
+
+
+@dataclass(frozen=True)
+class Reach:
+    """The smallest one-sided p a claim's test can reach with the study's seeds, before any trial runs."""
+
+    index: int
+    claim: str
+    test: str
+    smallest_p: float  # 0.0: any (a t-test's p can be as small as the data make it)
+    seeds: int  # seeds a side (a cell's seeds, or the trials a failure rate counts)
+    needs: int | None = None  # seeds a side from which the smallest p is below ALPHA (None: already)
+    fallback: str = ""  # the exact test bimodal or failure-split seeds get instead, and its smallest p
+
+    @property
+    def reaches(self) -> bool:
+        return self.smallest_p < ALPHA
+
+    def line(self) -> str:
+        smallest = "any p" if self.smallest_p == 0 else f"smallest p {self.smallest_p:.3g}"
+        text = f"claims[{self.index}] {self.claim}: {self.test}, {smallest}"
+        if not self.reaches:
+            text += f": cannot reach p < {ALPHA:g} with {self.seeds} seeds" + (
+                f" (needs {self.needs})" if self.needs else ""
+            )
+        return text + (f"; {self.fallback}" if self.fallback else "")
+
+
+def claim_reach(compiled: CompiledStudy) -> list[Reach]:
+    """Per claim, the test `verify` will use and the smallest one-sided p it can reach with the study's
+    seeds (exact tests and randomisation tests are discrete: McNemar's smallest p is 0.5^n, so it decides
+    nothing below 5 seeds; a binomial `failure_rate < 0.3` needs 9). A search study's cells are not known
+    before it runs: its claims are left out."""
+    study = compiled.study
+    if study.search is not None or not study.claims:
+        return []
+    flat = [flatten_config(c.config) for c in compiled.cells]
+    paths = list(dict.fromkeys(p for f in flat for p in f))
+    varied = [p for p in paths if len({repr(f.get(p)) for f in flat}) > 1]
+    seeds = len(study.seeds)
+    labels = [c.label for c in compiled.cells]
+
+    def cells(q) -> list[int]:
+        chosen = []
+        for i, f in enumerate(flat):
+            ok = True
+            for key, value in q.selector:
+                column, _ = selector_column(key, paths, varied)
+                if column in ("cell",):
+                    ok &= values_equal(labels[i], value)
+                elif column in ("seed", "baseline") or column is None:
+                    continue
+                else:
+                    ok &= values_equal(f.get(column), value)
+            if ok:
+                chosen.append(i)
+        return chosen
+
+    def seeds_of(q) -> int:
+        picked = [v for k, v in q.selector if k == "seed"]
+        return 1 if picked else seeds
+
+    out = []
+    for i, text in enumerate(study.claim_texts):
+        claim = parse_claim(text)
+        lhs, op, rhs = claim.lhs, claim.op, claim.rhs
+        if isinstance(lhs, Number):
+            lhs, op, rhs = rhs, {"<": ">", ">": "<", "<=": ">=", ">=": "<="}[op], lhs
+        n = seeds_of(lhs)
+        if lhs.kind == "failure_rate" and isinstance(rhs, Number):
+            trials = n * max(len(cells(lhs)), 1)
+            c = rhs.value
+            worst = (1 - c) if op in ("<", "<=") else c  # k = 0 (or n) failures: p = (1 − c)^n (or c^n)
+            reach = worst**trials
+            needs = _first(lambda m, w=worst: w**m < ALPHA) if reach >= ALPHA else None
+            out.append(Reach(i, text, "exact binomial test", reach, trials, needs))
+        elif lhs.kind == "failure_rate":
+            ca, cb = cells(lhs), cells(rhs)
+            if len(ca) == 1 and len(cb) == 1 and ca != cb and seeds_of(lhs) == seeds_of(rhs):
+                reach = 0.5**n
+                needs = _first(lambda m: 0.5**m < ALPHA) if reach >= ALPHA else None
+                out.append(Reach(i, text, "exact McNemar test", reach, n, needs))
+            else:
+                na, nb = n * max(len(ca), 1), seeds_of(rhs) * max(len(cb), 1)
+                reach = 1 / math.comb(na + nb, na)
+                needs = _first(lambda m: 1 / math.comb(2 * m, m) < ALPHA) if reach >= ALPHA else None
+                out.append(Reach(i, text, "Fisher's exact test", reach, min(na, nb), needs))
+        elif lhs.kind == "median" and isinstance(rhs, Number):
+            reach = 0.5**n
+            out.append(
+                Reach(
+                    i, text, "exact sign test", reach, n, _first(lambda m: 0.5**m < ALPHA) if reach >= ALPHA else None
+                )
+            )
+        elif lhs.kind == "median" or (isinstance(rhs, Quantity) and rhs.kind != lhs.kind):
+            out.append(
+                Reach(i, text, "bootstrap (from 10 seeds a side)", 0.0 if n >= 10 else 1.0, n, 10 if n < 10 else None)
+            )
+        else:
+            out.append(_continuous(i, text, lhs, rhs, n, study.failure is not None, len(cells(lhs))))
+    return out
+
+
+def _continuous(i: int, text: str, lhs, rhs, n: int, rule: bool, cells: int) -> Reach:
+    """t-based claims: any p from 2 seeds; the exact fallback on bimodal or failure-split seeds."""
+    if n < 2:
+        return Reach(i, text, "t-test", 1.0, n, 2)
+    if isinstance(rhs, Number) and lhs.kind != "slope":
+        if rule:
+            why = "not decided in a study with a failure rule (seeds may fail): claim a failure rate"
+            return Reach(i, text, f"{lhs.kind} against a number", 1.0, n, None, why)
+        return Reach(i, text, "one-sample t" if lhs.kind == "mean" else "one-sample Yuen", 0.0, n, None,
+                     "not decided on bimodal or tied seeds")  # fmt: skip
+    if lhs.kind == "slope":  # permutations of each seed's values over its cells (at most one per x value)
+        perm = 1 / math.factorial(max(cells, 1)) ** n
+        fallback = f"on bimodal, failure-split or tied seeds a permutation test within seeds: smallest p {perm:.3g}"
+        if perm >= ALPHA:
+            fallback += ", which decides nothing with these seeds"
+        return Reach(i, text, "CR2 t by seed", 0.0, n, None, fallback)
+    flip = 0.5**n
+    fallback = f"on bimodal, failure-split or tied seeds the exact sign-flip test: smallest p {flip:.3g}"
+    if flip >= ALPHA:
+        fallback += f", which decides nothing below {_first(lambda m: 0.5**m < ALPHA)} seeds"
+    return Reach(i, text, "paired t" if lhs.kind == "mean" else "paired Yuen", 0.0, n, None, fallback)
+
+
+def _first(below) -> int:
+    return next(m for m in range(1, 10_000) if below(m))

@@ -51,10 +51,19 @@ def _is_model(annotation: Any) -> bool:
 
 def _fields_at(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str] | None:
     """Valid keys of the (nested) pydantic model that `loc` points into, if known."""
+    items = None  # the model of a list's items, when the last part was a list of models (`claims:`)
     for part in loc:
+        if isinstance(part, int) and items is not None:
+            model, items = items, None
+            continue
         if model is None or not isinstance(part, str) or part not in model.model_fields:
             return None
         annotation = model.model_fields[part].annotation
+        if typing.get_origin(annotation) is list:  # a list of sections (`claims:`): its items' model
+            (item,) = typing.get_args(annotation) or (None,)
+            items = item if _is_model(item) else None
+            model = None
+            continue
         # an optional section (`search:`), or a union with one mapping form (`seeds:` list or {start, max})
         members = [
             typing.get_args(a)[0] if typing.get_origin(a) is typing.Annotated else a

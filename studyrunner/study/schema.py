@@ -500,6 +500,60 @@ def _check_claim(text: str) -> str:
     return text
 
 
+class ClaimEntry(Strict):
+    """One entry of `claims:`: a claim in the claims grammar, and optionally its smallest effect of interest.
+
+    Written as a plain string (`"a[x=1] > a[x=0]"`) or as a mapping (`{claim: "a[x=1] > a[x=0]",
+    min_effect: 0.05}`); a string is the mapping without `min_effect`, and an entry without one is written
+    back as a string. `min_effect` (> 0) is on the claim's own scale: a difference of the metric, a slope
+    per unit of x (per ln x for `ln x`), a difference of failure rates. `verify` gives the seeds its test
+    needs to detect that effect with 80% power (`studyrunner.analysis.power`)."""
+
+    claim: str = Field(description="The claim, e.g. 'eval_accuracy[loops=4] > eval_accuracy[loops=1]'.")
+    min_effect: float | None = Field(
+        None,
+        gt=0,
+        description="The smallest effect of interest, on the claim's scale (a difference of the metric, a slope "
+        "per unit x or per ln x, a difference of failure rates); the seeds needed are given for it.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data: Any) -> Any:
+        if isinstance(data, ClaimEntry):
+            return data
+        if isinstance(data, str):
+            return {"claim": data}
+        if not isinstance(data, dict):
+            raise ValueError(
+                f"a claim is a string such as 'a[x=1] > a[x=0]' or a mapping {{claim: '...', min_effect: 0.05}}, "
+                f"not {type(data).__name__}"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _parses(self) -> ClaimEntry:
+        parse_claim(self.claim)  # a GrammarError (a ValueError) names the position of the problem
+        return self
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return self.claim if self.min_effect is None else handler(self)
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema, handler):
+        mapping = handler(core_schema)
+        if handler.mode == "serialization":
+            return mapping
+        text = {"type": "string", "description": "A claim, e.g. 'eval_accuracy[loops=4] > eval_accuracy[loops=1]'."}
+        return {"anyOf": [text, mapping]}
+
+
+def claim_texts(claims) -> list[str]:
+    """The texts of a `claims:` list (ClaimEntry, mappings or strings)."""
+    return [c.claim if isinstance(c, ClaimEntry) else c["claim"] if isinstance(c, dict) else str(c) for c in claims]
+
+
 def _check_rule(text: str) -> str:
     parse_rule(text)
     return text
@@ -545,10 +599,11 @@ class Study(Strict):
         "once, MLP widened to match parameters) and/or iso_flop (every block application a distinct layer).",
     )
     # Read by the analysis layer only (`studyrunner verify` / `analyze`); never part of a cell config or hash.
-    claims: list[Annotated[str, AfterValidator(_check_claim)]] = Field(
+    claims: list[ClaimEntry] = Field(
         default_factory=list,
-        description="Findings the study expects, checked by `studyrunner verify`, e.g. "
-        "'eval_accuracy[loops=4] > eval_accuracy[loops=1]' (grammar: README, Analysis).",
+        description="Findings the study expects, checked by `studyrunner verify`: each a string, e.g. "
+        "'eval_accuracy[loops=4] > eval_accuracy[loops=1]', or a mapping {claim: ..., min_effect: 0.05} "
+        "(grammar and tests: docs/analysis/claims.md).",
     )
     failure: Annotated[str, AfterValidator(_check_rule)] | None = Field(
         None,
@@ -582,6 +637,11 @@ class Study(Strict):
     @property
     def source(self) -> str:
         return self._source
+
+    @property
+    def claim_texts(self) -> list[str]:
+        """The claims' texts, in order (each entry's `claim`)."""
+        return claim_texts(self.claims)
 
     @property
     def text(self) -> str:

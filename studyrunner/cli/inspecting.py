@@ -56,7 +56,8 @@ def _print_reach(compiled) -> None:
     reach = claim_reach(compiled)
     if not reach:
         return
-    out.print(f"claims (decided at one-sided p < {ALPHA:g}; the smallest p each test can reach with these seeds):",
+    seeds = "at its most seeds (max)" if compiled.study.sequential else "with these seeds"
+    out.print(f"claims (decided at one-sided p < {ALPHA:g}; the smallest p each test can reach {seeds}):",
               markup=False, highlight=False)  # fmt: skip
     for r in reach:
         out.print(f"  {r.line()}", markup=False, highlight=False, soft_wrap=True)

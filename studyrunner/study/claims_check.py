@@ -114,7 +114,7 @@ class Reach:
 
 def claim_reach(compiled: CompiledStudy) -> list[Reach]:
     """Per claim, the test `verify` will use and the smallest one-sided p it can reach with the study's
-    seeds (exact tests and randomisation tests are discrete: McNemar's smallest p is 0.5^n, so it decides
+    seeds, at `max` for sequential seeds (exact tests and randomisation tests are discrete: McNemar's smallest p is 0.5^n, so it decides
     nothing below 5 seeds; a binomial `failure_rate < 0.3` needs 9). A search study's cells are not known
     before it runs: its claims are left out."""
     study = compiled.study
@@ -123,7 +123,7 @@ def claim_reach(compiled: CompiledStudy) -> list[Reach]:
     flat = [flatten_config(c.config) for c in compiled.cells]
     paths = list(dict.fromkeys(p for f in flat for p in f))
     varied = [p for p in paths if len({repr(f.get(p)) for f in flat}) > 1]
-    seeds = len(study.seeds)
+    seeds = len(study.seed_values)  # a sequential design: the most seeds it can reach (`max`)
     labels = [c.label for c in compiled.cells]
 
     def cells(q) -> list[int]:

@@ -12,7 +12,7 @@
 # The role is the first argument, or $STUDYRUNNER_ROLE. Before it starts, a role waits for each service its
 # environment names (TCP connect, at most $STUDYRUNNER_WAIT_TIMEOUT seconds each, default 120):
 #
-#   read by studyrunner (see its README)     STUDYRUNNER_DB, MLFLOW_TRACKING_URI, STUDYRUNNER_STORAGE, RAY_ADDRESS
+#   read by studyrunner (docs/concepts.md)     STUDYRUNNER_DB, MLFLOW_TRACKING_URI, STUDYRUNNER_STORAGE, RAY_ADDRESS
 #   read by `mlflow server` itself           MLFLOW_BACKEND_STORE_URI, MLFLOW_ARTIFACTS_DESTINATION
 #   the object store's endpoint              AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (pyarrow, boto3),
 #                                            MLFLOW_S3_ENDPOINT_URL (MLflow's S3 artifact store)
@@ -166,7 +166,7 @@ role_mlflow() {
       [[ -n ${!var:-} ]] && { wait_for_url "$var" "the object store" && break; }
     done
   fi
-  # One worker and no job-execution workers: ~0.5 GB instead of ~2.6 GB, ready in seconds (README "MLflow UI").
+  # One worker and no job-execution workers: ~0.5 GB instead of ~2.6 GB, ready in seconds (docs/guide/mlflow.md).
   export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}
   run mlflow server --backend-store-uri "$MLFLOW_BACKEND_STORE_URI" --serve-artifacts \
     --artifacts-destination "$MLFLOW_ARTIFACTS_DESTINATION" --host 0.0.0.0 --port "$port" --workers 1 "$@"

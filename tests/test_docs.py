@@ -25,7 +25,7 @@ from studyrunner.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-NOT_PAGES = ("notes", "hooks")  # excluded from the site (mkdocs.yml `exclude_docs`)
+NOT_PAGES = ("hooks",)  # excluded from the site (mkdocs.yml `exclude_docs`)
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
 MARK = re.compile(r"<!--\s*doc-test:\s*(\w+)\s*-->")
 INCLUDE = re.compile(r'^--8<--\s+"([^"]+)"$')

@@ -15,7 +15,7 @@ anything but 127.0.0.1 stops it, with an error.
 A cluster keeps the user's own Ray settings: its authentication (RAY_AUTH_MODE, RAY_AUTH_TOKEN,
 RAY_AUTH_TOKEN_PATH as they were before this process started an embedded Ray, if it did) and addresses.
 Opening a Ray to a network is done that way, on purpose: `ray start --head` with the settings you choose,
-then `--address` (docs/notes/h21a.md).
+then `--address` (docs/guide/clusters.md).
 """
 
 from __future__ import annotations

@@ -588,8 +588,8 @@ class Study(Strict):
     )
     search: SearchSection | None = Field(
         None,
-        description="An Optuna search over study-file paths (README, Searches): n_trials configurations, each run "
-        "once per seed; with grid axes, one search per grid cell.",
+        description="An Optuna search over study-file paths (docs/guide/searches.md): n_trials configurations, each "
+        "run once per seed; with grid axes, one search per grid cell.",
     )
     resources: Resources = Field(default_factory=Resources)
     metric: MetricSpec = Field(default_factory=MetricSpec)

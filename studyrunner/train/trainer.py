@@ -1,6 +1,6 @@
 """Train one trial from its resolved config. Knows models and tasks; nothing of Ray, MLflow or SQL.
 
-Metric names are the product's vocabulary (see README): train_loss, eval_loss, eval_accuracy,
+Metric names are the product's vocabulary (docs/reference/metrics.md): train_loss, eval_loss, eval_accuracy,
 eval_exact_match, params, effective_depth, tokens_per_sec, step_time_ms, plus per-split suffixes
 (eval_accuracy_n8) and whatever diagnostics the model family returns.
 

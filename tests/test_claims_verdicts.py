@@ -11,6 +11,7 @@ from scipy import stats as sps
 from typer.testing import CliRunner
 
 from studyrunner.analysis import claims as claims_mod
+from studyrunner.analysis import claims_slope
 from studyrunner.analysis import data as data_mod
 from studyrunner.cli import app
 from studyrunner.study.claims_grammar import parse_claim
@@ -175,7 +176,7 @@ def test_slope_keeps_failed_seeds_with_a_value_and_drops_those_without(ledgers):
     data = load(ledgers, "failing")
     text = "slope(eval_accuracy ~ ln loops)[block_layers=1] > 0"
     q = parse_claim(text).lhs
-    fit = claims_mod._slope_fit(data, q, data.select(q.selector))
+    fit = claims_slope.slope_fit(data, q, data.select(q.selector))
     assert fit.n == 15  # 16 seeds: the 3 failed by the rule kept at their value, the crashed one dropped
     v = claims_mod.evaluate(data, text)
     assert "1 seeds dropped: no value (diverged)" in v.detail

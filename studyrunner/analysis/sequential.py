@@ -39,38 +39,67 @@ study's claims (`verify --holm`) takes it as it takes a fixed-sample p.
 Everything here is a pure function of a StudyData (the ledger's rows at a look) and the earlier looks: no Ray,
 no SQL. The runner (orchestrate/waves.py) calls `take_look` after each wave; the simulations call the same
 `take_look` through `run_sequential`.
+
+Where it lives: the spending functions, boundaries, nominal levels, repeated p-values and the calibrated level in
+`spending`; `Design`, `ClaimLook`, `Look` and their ledger rows in `looks`; here what a look decides (`take_look`,
+futility), the whole sequential study for simulations, and the claims' verdicts read back from the looks.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
-from functools import lru_cache
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
-from scipy import optimize
-from scipy.special import ndtr
 from scipy.stats import norm
 
-from ..study.claims_grammar import Claim, Number, parse_claim
+from ..study.claims_grammar import Claim, parse_claim
 from ..study.schema import ClaimEntry
 from . import claims as claims_module
 from . import power as power_module
+from .claims_verdict import ALPHA
 from .data import StudyData
+from .looks import (
+    CONTRADICTED,
+    DECIDED,
+    ENDED,
+    FUTILE,
+    FUTILITY_POWER,
+    INVALID,
+    SAMPLING,
+    SUPPORTED,
+    TERMINAL,
+    ClaimLook,
+    Design,
+    Look,
+    claim_row,
+    describe_state,
+    design_of,
+    final_states,
+    look_row,
+    looks_from_rows,
+)
+from .spending import (
+    GRID_POINTS,
+    SD_RANGE,
+    SPENDING,
+    SPENDING_NAMES,
+    boundaries,
+    calibrated_alpha,
+    nominal_level,
+    repeated_p,
+    spent,
+)
 
-SAMPLING, FUTILE, ENDED = "sampling", "futile", "inconclusive"
-SUPPORTED, CONTRADICTED, INVALID = claims_module.SUPPORTED, claims_module.CONTRADICTED, claims_module.INVALID
-DECIDED = (SUPPORTED, CONTRADICTED)
-TERMINAL = (SUPPORTED, CONTRADICTED, FUTILE, ENDED, INVALID)  # a claim in one of these gets no more looks
-SPENDING = ("obrien_fleming", "pocock")
-FUTILITY_POWER = 0.8
-GRID_POINTS = 241  # per look, Simpson's rule (odd); boundaries agree with scipy's multivariate normal to ~1e-6
-SD_RANGE = 8.0  # the grid spans this many standard deviations below the boundary
-
-
-ALPHA = claims_module.ALPHA
+# the public names, as before spending and the looks' bookkeeping moved out (`spending`, `looks`)
+__all__ = [
+    "ALPHA", "CONTRADICTED", "DECIDED", "ENDED", "FUTILE", "FUTILITY_POWER", "GRID_POINTS", "INVALID", "SAMPLING",
+    "SD_RANGE", "SPENDING", "SUPPORTED", "TERMINAL", "ClaimLook", "Design", "Look", "boundaries", "calibrated_alpha",
+    "claim_row", "claim_specs", "claim_test", "describe_state", "design_of", "final_states", "look_row",
+    "looks_from_rows", "nominal_level", "repeated_p", "run_sequential", "seeds_per_cell", "spent",
+    "take_look", "verdicts", "verify",
+]  # fmt: skip
 
 
 def claim_test(data: StudyData, claim: Claim, alpha: float = ALPHA) -> claims_module.Verdict:
@@ -85,247 +114,7 @@ def claim_specs(source) -> list[tuple[str, float | None]]:
     return [(c.claim, c.min_effect) for c in entries]
 
 
-# ------------------------------------------------------------------------------ spending and boundaries
-
-
-def spent(kind: str, t: float, alpha: float = ALPHA) -> float:
-    """α(t): the one-sided level a design may have spent by information fraction t (Lan & DeMets 1983)."""
-    t = min(max(float(t), 0.0), 1.0)
-    if t <= 0:
-        return 0.0
-    if kind == "obrien_fleming":
-        return float(2 * norm.sf(norm.isf(alpha / 2) / math.sqrt(t)))
-    if kind == "pocock":
-        return float(alpha * math.log(1 + (math.e - 1) * t))
-    raise ValueError(f"spending must be one of {', '.join(SPENDING)}, not {kind!r}")
-
-
-def _pdf(x: np.ndarray) -> np.ndarray:
-    return np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
-
-
-def _simpson(lo: float, hi: float, n: int = GRID_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    x = np.linspace(lo, hi, n)
-    w = np.ones(n)
-    w[1:-1:2], w[2:-1:2] = 4, 2
-    return x, w * (hi - lo) / (n - 1) / 3
-
-
-def _crossings(fractions: tuple[float, ...], bounds: tuple[float, ...]) -> list[float]:
-    """P(Z_1 < c_1, ..., Z_{k−1} < c_{k−1}, Z_k ≥ c_k) under H0 for each k, for boundaries c (normal scale)."""
-    out, grid, mass = [], None, None
-    previous = 0.0
-    for t, c in zip(fractions, bounds, strict=True):
-        b = c * math.sqrt(t)  # the boundary on the score scale S = Z √t (independent increments)
-        if grid is None:
-            out.append(float(norm.sf(c)))
-        else:
-            out.append(float(mass @ ndtr((grid - b) / math.sqrt(t - previous))))
-        grid, mass = _continue(grid, mass, t, previous, b)
-        previous = t
-    return out
-
-
-def _continue(grid, mass, t: float, previous: float, b: float):
-    """The sub-density of S_k on (−∞, b) after look k (as Simpson-weighted masses on a grid)."""
-    bottom, top = -SD_RANGE * math.sqrt(t), min(b, SD_RANGE * math.sqrt(t))
-    if top <= bottom:  # every path crossed: nothing continues
-        return np.array([bottom]), np.zeros(1)
-    x, w = _simpson(bottom, top)
-    if grid is None:
-        density = _pdf(x / math.sqrt(t)) / math.sqrt(t)
-    else:
-        s = math.sqrt(t - previous)
-        density = mass @ (_pdf((x[None, :] - grid[:, None]) / s) / s)
-    return x, w * density
-
-
-@lru_cache(maxsize=4096)
-def boundaries(fractions: tuple[float, ...], alpha: float = ALPHA, kind: str = "obrien_fleming") -> tuple[float, ...]:
-    """The upper boundaries c_1..c_K (normal scale) of a one-sided level-`alpha` design with looks at `fractions`
-    (increasing, in (0, 1]), spending `kind`: each look spends α(t_k) − α(t_{k−1})."""
-    if any(b <= a for a, b in zip(fractions, fractions[1:], strict=False)) or not fractions or fractions[0] <= 0:
-        raise ValueError(f"information fractions must increase from above 0: {fractions}")
-    bounds: list[float] = []
-    grid = mass = None
-    previous = 0.0
-    for t in fractions:
-        increment = spent(kind, t, alpha) - spent(kind, previous, alpha)
-        if grid is None:
-            c = float(norm.isf(increment)) if increment > 0 else math.inf
-        else:
-            s = math.sqrt(t - previous)
-
-            def excess(b: float, grid=grid, mass=mass, s=s, increment=increment) -> float:
-                return float(mass @ ndtr((grid - b) / s)) - increment
-
-            lo, hi = grid[0] - 10 * s, grid[-1] + 40 * s
-            if increment <= 0 or excess(hi) > 0:
-                c = math.inf
-            elif excess(lo) < 0:  # cannot spend that much (not with these spending functions): cross at once
-                c = -math.inf
-            else:
-                c = optimize.brentq(excess, lo, hi, xtol=1e-10) / math.sqrt(t)
-        bounds.append(c)
-        grid, mass = _continue(grid, mass, t, previous, c * math.sqrt(t) if np.isfinite(c) else math.inf)
-        previous = t
-    return tuple(bounds)
-
-
-def nominal_level(fractions: tuple[float, ...], alpha: float = ALPHA, kind: str = "obrien_fleming") -> float:
-    """The one-sided level the claim's own test is run at on the last of `fractions`: 1 − Φ(c_K)."""
-    return float(norm.sf(boundaries(tuple(fractions), alpha, kind)[-1]))
-
-
-def repeated_p(fractions: tuple[float, ...], z: float, kind: str = "obrien_fleming") -> float:
-    """The repeated p-value of a statistic `z` at the last of `fractions`: the smallest level α' whose design
-    (same spending, same fractions) crosses there, i.e. c_K(α') ≤ z (Jennison & Turnbull 2000, §9.1). At least
-    0.5 is reported as the fixed-sample one-sided p (a statistic on the wrong side of 0)."""
-    if not np.isfinite(z):
-        return 0.0 if z > 0 else 1.0
-    fractions = tuple(fractions)
-
-    def gap(log_alpha: float) -> float:
-        return boundaries(fractions, round(math.exp(log_alpha), 15), kind)[-1] - z
-
-    lo, hi = math.log(1e-12), math.log(0.5)
-    if gap(hi) > 0:
-        return max(0.5, float(norm.sf(z)))
-    if gap(lo) <= 0:
-        return 1e-12
-    return float(math.exp(optimize.brentq(gap, lo, hi, xtol=1e-6)))
-
-
-@lru_cache(maxsize=64)
-def calibrated_alpha(
-    start: int, most: int, step: int, alpha: float = ALPHA, kind: str = "obrien_fleming", sims: int = 40_000
-) -> float:
-    """The level α' at which the design's boundaries are computed, so that a one-sample t-test at n − 1 degrees of
-    freedom, run at each look's nominal level, calls "supported" under H0 at rate α over the looks at seeds
-    start, start + step, ..., most.
-
-    The nominal levels hold α exactly for normal statistics; t-statistics at few degrees of freedom are less
-    correlated from look to look than their normal counterparts, so they cross slightly more often (5.4-5.8% at
-    one-sided 0.05 for start 2-3 and max 8-12). Found by simulation with a fixed seed (the same α' everywhere);
-    a test with more degrees of freedom at the same seeds (Welch, several cells a side) is then conservative."""
-    from scipy.stats import t as student
-
-    seeds = np.array(list(range(start, most, step)) + [most])
-    if len(seeds) == 1:
-        return alpha
-    fractions = tuple(seeds / most)
-    x = np.random.default_rng(20_221_983).standard_normal((sims, most))
-    total, squares = np.cumsum(x, axis=1), np.cumsum(x * x, axis=1)
-    n = seeds.astype(float)
-    mean = total[:, seeds - 1] / n
-    sd = np.sqrt(np.maximum(squares[:, seeds - 1] - n * mean * mean, 0) / (n - 1))
-    p = student.sf(mean / (sd / np.sqrt(n)), n - 1)
-
-    def rate(level: float) -> float:
-        return float(np.mean(np.any(p < norm.sf(np.array(boundaries(fractions, round(level, 12), kind))), axis=1)))
-
-    if rate(alpha) <= alpha:
-        return alpha
-    return float(optimize.brentq(lambda a: rate(a) - alpha, alpha / 4, alpha, xtol=1e-5))
-
-
 # ----------------------------------------------------------------------------------------------- looks
-
-
-@dataclass(frozen=True)
-class Design:
-    start: int
-    max: int
-    step: int | None = None  # None: fill the cluster's free trial slots
-    spending: str = "obrien_fleming"
-    alpha: float = ALPHA
-    futility_power: float = FUTILITY_POWER  # with a min_effect (or futility_effect "observed"): power asked for
-    futility_effect: str = "trend"  # without a min_effect: "trend" (conditional power), "observed" or "none"
-    futility_cp: float = 0.1  # "trend": futile below this conditional power in both directions
-
-    @classmethod
-    def of(cls, seeds: Any) -> Design:
-        """From a study's `seeds: {start, max, step, spending}` (a SequentialSeeds or its dict)."""
-        get = seeds.get if isinstance(seeds, dict) else lambda k, d=None: getattr(seeds, k, d)
-        return cls(int(get("start")), int(get("max")), get("step"), get("spending") or "obrien_fleming")
-
-    @property
-    def level(self) -> float:
-        """The level the boundaries are computed at (`calibrated_alpha`; the planned step, or 1 without one)."""
-        return calibrated_alpha(self.start, self.max, self.step or 1, self.alpha, self.spending)
-
-    def p_value(self, fractions: tuple[float, ...], z: float) -> float:
-        """The repeated p-value of `z` at the last of `fractions`, on the scale of `alpha`: below it exactly when
-        the look crossed (the repeated p at `level`, times alpha / level)."""
-        return min(1.0, repeated_p(fractions, z, self.spending) * self.alpha / self.level)
-
-    def describe(self) -> str:
-        step = f"step {self.step}" if self.step else "step: the cluster's free trial slots"
-        name = {"obrien_fleming": "O'Brien-Fleming", "pocock": "Pocock"}[self.spending]
-        return f"seeds {self.start} to {self.max} per cell, {step}; {name} spending, one-sided {self.alpha:g}"
-
-    def planned_levels(self, step: int) -> list[tuple[int, float, float]]:
-        """(seeds, information fraction, nominal one-sided level) of each look, every seed finished."""
-        seeds = list(range(self.start, self.max, step)) + [self.max]
-        fractions = tuple(s / self.max for s in seeds)
-        return [
-            (s, t, float(norm.sf(c)))
-            for s, t, c in zip(seeds, fractions, boundaries(fractions, self.level, self.spending), strict=True)
-        ]
-
-
-@dataclass
-class ClaimLook:
-    """One claim at one look. `analysed` is False when the look carried an earlier state (a decided claim, or no
-    new seed with a value)."""
-
-    index: int
-    claim: str
-    state: str
-    analysed: bool = False
-    decided_at: int | None = None  # the look that decided or ended it
-    seeds: int = 0  # seeds per side its test used (the fewest over its sides)
-    fraction: float = math.nan
-    nominal: float = math.nan  # one-sided level of this look
-    boundary: float = math.nan  # c_k, normal scale
-    z: float = math.nan  # the test's one-sided p in the claim's direction on the normal scale: Φ⁻¹(1 − p)
-    p_claimed: float = math.nan
-    p_opposite: float = math.nan
-    p_sequential: float = math.nan  # the repeated p-value (decided or ended claims)
-    estimate: float = math.nan
-    lo: float = math.nan
-    hi: float = math.nan
-    test: str = ""
-    detail: str = ""
-    needed: int | None = None  # seeds per side for FUTILITY_POWER (None: not estimated)
-    cells: list[str] = field(default_factory=list)  # the cells it selects
-    sides: list[list[str]] = field(default_factory=list)  # ... per side (quantity) of the claim
-
-    def row(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class Look:
-    number: int
-    seeds: dict[str, int]  # cell_hash -> seeds the look's data holds (seeds 0 .. n-1)
-    claims: list[ClaimLook]
-    next_seeds: dict[str, int]  # cell_hash -> seeds after the wave this look adds (= seeds: it adds none)
-    step: int = 0
-
-    @property
-    def final(self) -> bool:
-        return self.next_seeds == self.seeds
-
-    @property
-    def wave(self) -> dict[str, int]:
-        """Seeds this look adds, per cell that gets any."""
-        return {c: n - self.seeds.get(c, 0) for c, n in self.next_seeds.items() if n > self.seeds.get(c, 0)}
-
-
-def _greater(claim: Claim) -> bool:
-    op = claim.op if not isinstance(claim.lhs, Number) else {"<": ">", ">": "<", "<=": ">=", ">=": "<="}[claim.op]
-    return op in (">", ">=")
 
 
 def _cells(data: StudyData, claim: Claim) -> list[list[str]]:
@@ -506,84 +295,7 @@ def run_sequential(
         seeds = look.next_seeds
 
 
-def final_states(looks: list[Look]) -> list[ClaimLook]:
-    """Each claim as the last look left it."""
-    return looks[-1].claims if looks else []
-
-
-def describe_state(c: ClaimLook, seeds: dict[str, int]) -> str:
-    """One line for progress and status: 'claim 2 supported at look 3, 5 seeds'."""
-    n = min((seeds.get(cell, 0) for cell in c.cells), default=0)
-    if c.state in DECIDED:
-        return f"claim {c.index + 1} {c.state} at look {c.decided_at}, {n} seeds"
-    if c.state == FUTILE:
-        return f"claim {c.index + 1} futile at look {c.decided_at}, {n} seeds (no more seeds for it)"
-    if c.state == ENDED:
-        return f"claim {c.index + 1} inconclusive at max, {n} seeds"
-    if c.state == INVALID:
-        return f"claim {c.index + 1} invalid: {c.detail}"
-    return f"claim {c.index + 1} undecided, {n} seeds"
-
-
-# ------------------------------------------------------------------------------------ the ledger's rows
-
-_FLOATS = ("fraction", "nominal", "boundary", "z", "p_claimed", "p_opposite", "p_sequential", "estimate", "lo", "hi")
-
-
-def look_row(look: Look, design: Design) -> dict[str, Any]:
-    """The `looks` row of a look (store/db.py LookRow, less the study)."""
-    return {
-        "number": look.number,
-        "seeds": dict(look.seeds),
-        "next_seeds": dict(look.next_seeds),
-        "step": look.step,
-        "design": asdict(design),
-        "claims": [c.claim for c in look.claims],
-    }
-
-
-def claim_row(c: ClaimLook) -> dict[str, Any]:
-    """The `look_claims` row of a claim at a look (store/db.py LookClaimRow, less the study and the look)."""
-    row = {k: v for k, v in c.row().items() if k not in ("index", "claim", "cells", "sides")}
-    return {**row, "claim": c.index, "text": c.claim, "cells": [list(side) for side in c.sides]}
-
-
-def looks_from_rows(rows: list[dict[str, Any]]) -> list[Look]:
-    """Looks as `analysis.data.looks_of` reads them from the ledger."""
-    looks = []
-    for r in rows:
-        claims = []
-        for c in r["claims"]:
-            sides = [list(side) for side in c.get("cells") or []]
-            values = {k: (math.nan if c.get(k) is None else float(c[k])) for k in _FLOATS}
-            claims.append(
-                ClaimLook(
-                    c["claim"],
-                    c["text"],
-                    c["state"],
-                    bool(c["analysed"]),
-                    c.get("decided_at"),
-                    int(c.get("seeds") or 0),
-                    needed=c.get("needed"),
-                    test=c.get("test") or "",
-                    detail=c.get("detail") or "",
-                    cells=list(dict.fromkeys(x for side in sides for x in side)),
-                    sides=sides,
-                    **values,
-                )
-            )
-        looks.append(Look(r["number"], dict(r["seeds"]), claims, dict(r["next_seeds"]), int(r["step"])))
-    return looks
-
-
-def design_of(row: dict[str, Any]) -> Design:
-    """A Design from its `looks.design` row (fields a newer or older studyrunner does not know are left out)."""
-    return Design(**{k: row[k] for k in Design.__dataclass_fields__ if k in row})
-
-
 # ------------------------------------------------------------------------------------------------ verify
-
-_NAMES = {"obrien_fleming": "O'Brien-Fleming", "pocock": "Pocock"}
 
 
 def verify(data: StudyData, holm: bool = False) -> list[claims_module.Verdict]:
@@ -626,7 +338,7 @@ def _verdict(c: ClaimLook, design: Design, running: bool) -> claims_module.Verdi
         ENDED: claims_module.INCONCLUSIVE,
     }.get(c.state, claims_module.PENDING)
     v = claims_module.Verdict(c.claim, verdict, estimate=c.estimate, lo=c.lo, hi=c.hi, test=c.test)
-    spending = _NAMES.get(design.spending, design.spending)
+    spending = SPENDING_NAMES.get(design.spending, design.spending)
     v.test = f"{c.test}; group-sequential ({spending}, one-sided {design.alpha:g})" if c.test else v.test
     at = f"look {c.decided_at}" if c.decided_at else "the last look"
     level = f"one-sided p {c.p_claimed:.3g} vs nominal {c.nominal:.3g} (information {c.fraction:.2f}, {c.seeds} seeds)"

@@ -198,7 +198,7 @@ class LookRow(Base):
 
 class LookClaimRow(Base):
     """One claim at one look: its test's statistic and p, the information fraction, the boundary and the
-    decision (analysis/sequential.py ClaimLook)."""
+    decision (analysis/looks.py ClaimLook)."""
 
     __tablename__ = "look_claims"
     __table_args__ = (ForeignKeyConstraint(["study", "look"], ["looks.study", "looks.number"]),)

@@ -1,0 +1,168 @@
+"""Claims on means, IQMs and medians, over one value per seed (`claims_evidence.by_seed`).
+
+Against a number: the one-sample t (mean), Yuen's one-sample trimmed t (IQM), the exact sign test (median).
+Against the same quantity: over shared seeds the paired t, or Yuen's trimmed t of the per-seed differences;
+over disjoint seeds Welch's t or Yuen's two-sample t; medians or mixed statistics by a stratified bootstrap,
+from MIN_BOOTSTRAP_SEEDS seeds a side. Seeds no t-test describes go to an exact randomisation test (`exact`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from ..study.claims_grammar import Quantity
+from . import exact
+from .claims_evidence import STATISTICS, by_seed, deterministic, no_spread, statistic, tied, values_by_cell
+from .claims_verdict import Verdict, cannot_decide, conclude, exact_difference, randomised, shifted
+from .stats import MIN_BOOTSTRAP_SEEDS, N_RESAMPLES, SEED, bootstrap_draws, one_sided_t, yuen_one, yuen_two
+
+
+def location_vs_number(v: Verdict, rows: pd.DataFrame, q: Quantity, greater: bool, c: float, irregular: str):
+    values = by_seed(rows, q.metric)
+    x = values.to_numpy(float)
+    cells = rows.cell_hash.nunique()
+    v.lhs = statistic(q.kind, x)
+    v.estimate = v.lhs - c
+    v.seeds = (len(x),)
+    per = "per-seed means over cells" if cells > 1 else "seeds"
+    v.detail = f"n={len(x)} seeds in {cells} cell(s)"
+    if q.kind == "median":  # the sign test holds on any seeds
+        return _median_vs_number(v, x, greater, c)
+    if q.kind == "mean":
+        n = len(x)
+        centre, se, df = (v.lhs, x.std(ddof=1) / math.sqrt(n), n - 1) if n >= 2 else (v.lhs, math.nan, math.nan)
+        v.test = f"one-sample t over {per}"
+    else:
+        centre, se, df = yuen_one(x)
+        v.test = f"one-sample Yuen trimmed t of the IQM over {per}"
+    if deterministic([(rows, q.metric)]):
+        return exact_difference(v, greater, v.lhs - c)
+    irregular = irregular or tied(x) or ("the seeds have no spread" if no_spread(se, x) else "")
+    if irregular:
+        return cannot_decide(v, q, irregular, against_number=True)
+    res = one_sided_t(centre, se, df, v.alpha, c)
+    shifted(v, res, c)
+    v.extra["design"] = {"test": "t1" if q.kind == "mean" else "yuen1", "x": x, "null": c, "greater": greater}
+    return conclude(v, greater, res["p_up"], res["p_down"])
+
+
+def _median_vs_number(v: Verdict, x: np.ndarray, greater: bool, c: float) -> Verdict:
+    """The exact sign test of the median against c, and the order-statistic bounds that invert it
+    (`scipy.stats.quantile_test`): distribution-free, so it holds on bimodal seeds too; its smallest p is
+    0.5^n, so it decides nothing below 5 seeds."""
+    if not len(x):
+        return v
+    up = sps.quantile_test(x, q=c, p=0.5, alternative="greater")  # H1: the median is above c
+    down = sps.quantile_test(x, q=c, p=0.5, alternative="less")
+    lo = up.confidence_interval(1 - v.alpha).low  # one-sided bounds: their own alternatives
+    hi = down.confidence_interval(1 - v.alpha).high
+    shifted(v, {"lo": float(lo), "hi": float(hi)}, c)
+    v.test = "exact sign test of the median (order-statistic bounds; decides nothing below 5 seeds)"
+    v.extra["design"] = {"test": "sign", "x": x, "null": c, "greater": greater}
+    return conclude(v, greater, up.pvalue, down.pvalue)
+
+
+def locations(v: Verdict, a_rows, b_rows, qa: Quantity, qb: Quantity, greater: bool, irregular: str) -> Verdict:
+    a, b = by_seed(a_rows, qa.metric), by_seed(b_rows, qb.metric)
+    several = a_rows.cell_hash.nunique() > 1 or b_rows.cell_hash.nunique() > 1
+    per = " (per-seed means over cells)" if several else ""
+    shared = a.index.intersection(b.index)
+    if qa.kind != qb.kind or qa.kind not in ("mean", "iqm"):
+        if irregular:
+            return cannot_decide(v, qa, irregular)
+        return _bootstrap_difference(v, a_rows, b_rows, qa, qb, greater)
+    paired = len(shared) >= 2
+    if paired:
+        a, b = a[shared], b[shared]
+        d = (a - b).to_numpy(float)
+        v.seeds = (len(d), len(d))
+        v.detail = f"{len(d)} shared seeds; lhs > rhs in {int((d > 0).sum())}/{len(d)}"
+        if qa.kind == "mean":
+            n = len(d)
+            estimate, se, df = float(d.mean()), d.std(ddof=1) / math.sqrt(n), n - 1
+            v.test = f"paired t over shared seeds{per}"
+        else:
+            estimate, se, df = yuen_one(d)
+            v.test = f"paired Yuen: trimmed t of the IQM of per-seed differences{per}"
+    else:
+        va, vb = a.to_numpy(float), b.to_numpy(float)
+        v.seeds = (len(va), len(vb))
+        cells = f"{a_rows.cell_hash.nunique()} vs {b_rows.cell_hash.nunique()} cell(s)"
+        v.detail = f"n={len(va)} vs {len(vb)} seeds in {cells}"
+        if qa.kind == "mean":
+            estimate, se, df = _welch(va, vb)
+            v.test = f"Welch t over seeds{per}"
+        else:
+            estimate, se, df = yuen_two(va, vb)
+            v.test = f"Yuen two-sample trimmed t of the IQMs{per}"
+    v.lhs, v.rhs = statistic(qa.kind, a.to_numpy(float)), statistic(qb.kind, b.to_numpy(float))
+    v.hypothesis = _hypothesis(a_rows, b_rows, greater, a.index if paired else None)
+    units = {"d": d} if paired else {"a": a.to_numpy(float), "b": b.to_numpy(float)}
+    if deterministic([(a_rows, qa.metric), (b_rows, qb.metric)]):
+        return exact_difference(v, greater, v.lhs - v.rhs)
+    irregular = irregular or tied(a, b)
+    if irregular or no_spread(se, a.to_numpy(float), b.to_numpy(float)):
+        why = irregular or "the seeds' differences have no spread"
+        res = exact.sign_flip(d, v.alpha) if paired else exact.two_sample(a.to_numpy(float), b.to_numpy(float), v.alpha)
+        v.extra["design"] = {"test": "signflip" if paired else "perm2", **units, "greater": greater}
+        return randomised(v, res, why, greater)
+    v.estimate = estimate
+    res = one_sided_t(estimate, se, df, v.alpha)
+    v.lo, v.hi = res["lo"], res["hi"]
+    test = {"mean": ("t1", "welch"), "iqm": ("yuen1", "yuen2")}[qa.kind][0 if paired else 1]
+    v.extra["design"] = {
+        "test": test,
+        **({"x": d, "paired": True} if paired else units),
+        "null": 0.0,
+        "greater": greater,
+    }
+    return conclude(v, greater, res["p_up"], res["p_down"])
+
+
+def _hypothesis(a_rows: pd.DataFrame, b_rows: pd.DataFrame, greater: bool, seeds=None, null: float = 0.0) -> tuple:
+    """What Holm counts once: the trials of the side claimed greater, those of the other, the null."""
+    if seeds is not None:
+        a_rows, b_rows = a_rows[a_rows.seed.isin(seeds)], b_rows[b_rows.seed.isin(seeds)]
+    a, b = tuple(sorted(map(str, a_rows.trial_key))), tuple(sorted(map(str, b_rows.trial_key)))
+    return (a, b, null) if greater else (b, a, -null)
+
+
+def _welch(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
+    """(mean(a) − mean(b), se, Welch-Satterthwaite df); NaN below 2 values a side."""
+    if len(a) < 2 or len(b) < 2:
+        return (math.nan, math.nan, math.nan)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    se = math.sqrt(va + vb)
+    denom = va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)
+    df = (va + vb) ** 2 / denom if denom > 0 else float(len(a) + len(b) - 2)
+    return (float(a.mean() - b.mean()), se, float(df))
+
+
+def _bootstrap_difference(v: Verdict, a_rows, b_rows, qa: Quantity, qb: Quantity, greater: bool) -> Verdict:
+    """Medians, or mixed statistics: a stratified bootstrap of the difference (by cell), only from
+    MIN_BOOTSTRAP_SEEDS seeds a side (below, it does not hold its level). p_up is the share of draws at or
+    below 0, so the percentile bound lo (the alpha quantile) is above 0 exactly when p_up < alpha."""
+    ga, gb = values_by_cell(a_rows, qa.metric), values_by_cell(b_rows, qb.metric)
+    va = np.concatenate(ga) if ga else np.empty(0)
+    vb = np.concatenate(gb) if gb else np.empty(0)
+    v.lhs, v.rhs = statistic(qa.kind, va), statistic(qb.kind, vb)
+    v.estimate = v.lhs - v.rhs
+    v.seeds = (len(va), len(vb))
+    v.test = "bootstrap of the difference (stratified by cell)"
+    v.detail = f"n={len(va)} vs {len(vb)} seeds"
+    if min(len(va), len(vb)) < MIN_BOOTSTRAP_SEEDS:
+        v.detail += f"; no interval below {MIN_BOOTSTRAP_SEEDS} seeds a side (compare means or IQMs)"
+        return v
+    rng = np.random.default_rng(SEED)
+    da = bootstrap_draws(ga, STATISTICS[qa.kind], N_RESAMPLES, rng)
+    db = bootstrap_draws(gb, STATISTICS[qb.kind], N_RESAMPLES, rng)
+    if da is None or db is None:
+        return v
+    draws = da - db
+    v.lo = float(np.quantile(draws, v.alpha, method="inverted_cdf"))
+    v.hi = float(-np.quantile(-draws, v.alpha, method="inverted_cdf"))
+    return conclude(v, greater, float(np.mean(draws <= 0)), float(np.mean(draws >= 0)))

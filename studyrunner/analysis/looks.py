@@ -1,0 +1,187 @@
+"""The bookkeeping of a sequential study's looks: its design (`Design`: seeds, step, spending, futility), each
+claim's state at a look (`ClaimLook`), a look with the wave it plans (`Look`), and their rows in the ledger's
+`looks` and `look_claims` tables (store/db.py), read back by `looks_from_rows`. What a look decides is
+`sequential.take_look`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from scipy.stats import norm
+
+from .claims_verdict import ALPHA, CONTRADICTED, INVALID, SUPPORTED
+from .spending import SPENDING_NAMES, boundaries, calibrated_alpha, repeated_p
+
+SAMPLING, FUTILE, ENDED = "sampling", "futile", "inconclusive"
+DECIDED = (SUPPORTED, CONTRADICTED)
+TERMINAL = (SUPPORTED, CONTRADICTED, FUTILE, ENDED, INVALID)  # a claim in one of these gets no more looks
+FUTILITY_POWER = 0.8
+
+
+@dataclass(frozen=True)
+class Design:
+    start: int
+    max: int
+    step: int | None = None  # None: fill the cluster's free trial slots
+    spending: str = "obrien_fleming"
+    alpha: float = ALPHA
+    futility_power: float = FUTILITY_POWER  # with a min_effect (or futility_effect "observed"): power asked for
+    futility_effect: str = "trend"  # without a min_effect: "trend" (conditional power), "observed" or "none"
+    futility_cp: float = 0.1  # "trend": futile below this conditional power in both directions
+
+    @classmethod
+    def of(cls, seeds: Any) -> Design:
+        """From a study's `seeds: {start, max, step, spending}` (a SequentialSeeds or its dict)."""
+        get = seeds.get if isinstance(seeds, dict) else lambda k, d=None: getattr(seeds, k, d)
+        return cls(int(get("start")), int(get("max")), get("step"), get("spending") or "obrien_fleming")
+
+    @property
+    def level(self) -> float:
+        """The level the boundaries are computed at (`calibrated_alpha`; the planned step, or 1 without one)."""
+        return calibrated_alpha(self.start, self.max, self.step or 1, self.alpha, self.spending)
+
+    def p_value(self, fractions: tuple[float, ...], z: float) -> float:
+        """The repeated p-value of `z` at the last of `fractions`, on the scale of `alpha`: below it exactly when
+        the look crossed (the repeated p at `level`, times alpha / level)."""
+        return min(1.0, repeated_p(fractions, z, self.spending) * self.alpha / self.level)
+
+    def describe(self) -> str:
+        step = f"step {self.step}" if self.step else "step: the cluster's free trial slots"
+        name = SPENDING_NAMES[self.spending]
+        return f"seeds {self.start} to {self.max} per cell, {step}; {name} spending, one-sided {self.alpha:g}"
+
+    def planned_levels(self, step: int) -> list[tuple[int, float, float]]:
+        """(seeds, information fraction, nominal one-sided level) of each look, every seed finished."""
+        seeds = list(range(self.start, self.max, step)) + [self.max]
+        fractions = tuple(s / self.max for s in seeds)
+        return [
+            (s, t, float(norm.sf(c)))
+            for s, t, c in zip(seeds, fractions, boundaries(fractions, self.level, self.spending), strict=True)
+        ]
+
+
+@dataclass
+class ClaimLook:
+    """One claim at one look. `analysed` is False when the look carried an earlier state (a decided claim, or no
+    new seed with a value)."""
+
+    index: int
+    claim: str
+    state: str
+    analysed: bool = False
+    decided_at: int | None = None  # the look that decided or ended it
+    seeds: int = 0  # seeds per side its test used (the fewest over its sides)
+    fraction: float = math.nan
+    nominal: float = math.nan  # one-sided level of this look
+    boundary: float = math.nan  # c_k, normal scale
+    z: float = math.nan  # the test's one-sided p in the claim's direction on the normal scale: Φ⁻¹(1 − p)
+    p_claimed: float = math.nan
+    p_opposite: float = math.nan
+    p_sequential: float = math.nan  # the repeated p-value (decided or ended claims)
+    estimate: float = math.nan
+    lo: float = math.nan
+    hi: float = math.nan
+    test: str = ""
+    detail: str = ""
+    needed: int | None = None  # seeds per side for FUTILITY_POWER (None: not estimated)
+    cells: list[str] = field(default_factory=list)  # the cells it selects
+    sides: list[list[str]] = field(default_factory=list)  # ... per side (quantity) of the claim
+
+    def row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Look:
+    number: int
+    seeds: dict[str, int]  # cell_hash -> seeds the look's data holds (seeds 0 .. n-1)
+    claims: list[ClaimLook]
+    next_seeds: dict[str, int]  # cell_hash -> seeds after the wave this look adds (= seeds: it adds none)
+    step: int = 0
+
+    @property
+    def final(self) -> bool:
+        return self.next_seeds == self.seeds
+
+    @property
+    def wave(self) -> dict[str, int]:
+        """Seeds this look adds, per cell that gets any."""
+        return {c: n - self.seeds.get(c, 0) for c, n in self.next_seeds.items() if n > self.seeds.get(c, 0)}
+
+
+def final_states(looks: list[Look]) -> list[ClaimLook]:
+    """Each claim as the last look left it."""
+    return looks[-1].claims if looks else []
+
+
+def describe_state(c: ClaimLook, seeds: dict[str, int]) -> str:
+    """One line for progress and status: 'claim 2 supported at look 3, 5 seeds'."""
+    n = min((seeds.get(cell, 0) for cell in c.cells), default=0)
+    if c.state in DECIDED:
+        return f"claim {c.index + 1} {c.state} at look {c.decided_at}, {n} seeds"
+    if c.state == FUTILE:
+        return f"claim {c.index + 1} futile at look {c.decided_at}, {n} seeds (no more seeds for it)"
+    if c.state == ENDED:
+        return f"claim {c.index + 1} inconclusive at max, {n} seeds"
+    if c.state == INVALID:
+        return f"claim {c.index + 1} invalid: {c.detail}"
+    return f"claim {c.index + 1} undecided, {n} seeds"
+
+
+# ------------------------------------------------------------------------------------ the ledger's rows
+
+_FLOATS = ("fraction", "nominal", "boundary", "z", "p_claimed", "p_opposite", "p_sequential", "estimate", "lo", "hi")
+
+
+def look_row(look: Look, design: Design) -> dict[str, Any]:
+    """The `looks` row of a look (store/db.py LookRow, less the study)."""
+    return {
+        "number": look.number,
+        "seeds": dict(look.seeds),
+        "next_seeds": dict(look.next_seeds),
+        "step": look.step,
+        "design": asdict(design),
+        "claims": [c.claim for c in look.claims],
+    }
+
+
+def claim_row(c: ClaimLook) -> dict[str, Any]:
+    """The `look_claims` row of a claim at a look (store/db.py LookClaimRow, less the study and the look)."""
+    row = {k: v for k, v in c.row().items() if k not in ("index", "claim", "cells", "sides")}
+    return {**row, "claim": c.index, "text": c.claim, "cells": [list(side) for side in c.sides]}
+
+
+def looks_from_rows(rows: list[dict[str, Any]]) -> list[Look]:
+    """Looks as `analysis.data.looks_of` reads them from the ledger."""
+    looks = []
+    for r in rows:
+        claims = []
+        for c in r["claims"]:
+            sides = [list(side) for side in c.get("cells") or []]
+            values = {k: (math.nan if c.get(k) is None else float(c[k])) for k in _FLOATS}
+            claims.append(
+                ClaimLook(
+                    c["claim"],
+                    c["text"],
+                    c["state"],
+                    bool(c["analysed"]),
+                    c.get("decided_at"),
+                    int(c.get("seeds") or 0),
+                    needed=c.get("needed"),
+                    test=c.get("test") or "",
+                    detail=c.get("detail") or "",
+                    cells=list(dict.fromkeys(x for side in sides for x in side)),
+                    sides=sides,
+                    **values,
+                )
+            )
+        looks.append(Look(r["number"], dict(r["seeds"]), claims, dict(r["next_seeds"]), int(r["step"])))
+    return looks
+
+
+def design_of(row: dict[str, Any]) -> Design:
+    """A Design from its `looks.design` row (fields a newer or older studyrunner does not know are left out)."""
+    return Design(**{k: row[k] for k in Design.__dataclass_fields__ if k in row})

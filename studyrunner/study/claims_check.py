@@ -114,9 +114,9 @@ class Reach:
 
 def claim_reach(compiled: CompiledStudy) -> list[Reach]:
     """Per claim, the test `verify` will use and the smallest one-sided p it can reach with the study's
-    seeds, at `max` for sequential seeds (exact tests and randomisation tests are discrete: McNemar's smallest p is 0.5^n, so it decides
-    nothing below 5 seeds; a binomial `failure_rate < 0.3` needs 9). A search study's cells are not known
-    before it runs: its claims are left out."""
+    seeds, at `max` for sequential seeds (exact tests and randomisation tests are discrete: McNemar's
+    smallest p is 0.5^n, so it decides nothing below 5 seeds; a binomial `failure_rate < 0.3` needs 9).
+    A search study's cells are not known before it runs: its claims are left out."""
     study = compiled.study
     if study.search is not None or not study.claims:
         return []

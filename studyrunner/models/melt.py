@@ -383,7 +383,7 @@ class Melt(nn.Module):
 
     def configure(self, train: dict[str, Any], evaluation: dict[str, Any]) -> None:
         """Read the distillation's divergence, its beta and temperature (train.distill_*; the trainer calls
-        this once, before training): unset, the paper's reading (study/schema.py DISTILL_DEFAULTS)."""
+        this once, before training): unset, the paper's reading (study/train_section.py DISTILL_DEFAULTS)."""
         self.distill = {
             "kind": train.get("distill_divergence") or "jsd",
             "beta": train.get("distill_jsd_beta") or 0.5,

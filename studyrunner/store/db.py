@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # A trial's life: pending -> running -> succeeded | failed | diverged | cancelled. `stale` is not stored:
-# it is a pending/running trial whose lease holder (a `submissions` row) has gone silent (ledger.py).
+# it is a pending/running trial whose lease holder (a `submissions` row) has gone silent (leases.py).
 STATUSES = ("pending", "running", "succeeded", "failed", "diverged", "cancelled")
 FINISHED = ("succeeded", "failed", "diverged")
 # The tables that make a database a ledger (a database holding other tables is never made into one).
@@ -38,6 +39,11 @@ FAILURE_CLASSES = ("infrastructure", "error", "divergence", "interrupted", "canc
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
+    """NaN and infinities as null: a diverged trial's loss is NaN, which JSON (and PostgreSQL) refuse."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
 
 
 class Base(DeclarativeBase):

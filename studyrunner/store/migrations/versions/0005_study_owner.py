@@ -1,6 +1,6 @@
 """studies.owner: the submission that runs a study that runs from one submit at a time (a search study's
 search, a sequential study's waves), taken by one conditional UPDATE so that of two submits started at once
-exactly one runs it (store/ledger.py, `claim_owner`).
+exactly one runs it (store/leases.py, `claim_owner`).
 
 Revision ID: 0005
 Revises: 0004

@@ -14,7 +14,7 @@ _WHERE = {
     "RunOptions": "runner",
     "SubmitResult": "runner",
     "cancel": "runner",
-    "ensure_ray": "runner",
+    "ensure_ray": "ray_runtime",
     "rerun": "runner",
     "resume": "runner",
     "submit": "runner",
@@ -24,7 +24,8 @@ _WHERE = {
 __all__ = ["RerunSelection", "RunOptions", "SubmitResult", "cancel", "ensure_ray", "rerun", "resume", "submit"]
 
 if TYPE_CHECKING:
-    from .runner import RunOptions, SubmitResult, cancel, ensure_ray, rerun, resume, submit
+    from .ray_runtime import ensure_ray
+    from .runner import RunOptions, SubmitResult, cancel, rerun, resume, submit
     from .selection import RerunSelection
 
 

@@ -279,7 +279,7 @@ def run_attempt(
     background: bool = False,
 ) -> str:
     """One attempt of a trial; returns its outcome after sending its final report. Infrastructure
-    failures propagate (see the module docstring). `trial` is the payload runner._fit builds.
+    failures propagate (see the module docstring). `trial` is the payload tune_fit.fit_trials builds.
     `background`: reports are sent from a thread (TuneReporter), all delivered before this returns."""
     inject = trial.get("inject") or {}
     checkpoint_dir = trial.get("checkpoint_dir")

@@ -51,7 +51,7 @@ class WorkersFailed(RuntimeError):
 
 
 def distributed_payload(resources, run_storage: str) -> dict[str, Any]:
-    """What a DeepSpeed trial's payload adds (runner._payloads): its workers and where Train keeps its runs."""
+    """What a DeepSpeed trial's payload adds (tune_fit.trial_payloads): its workers and where Train keeps its runs."""
     return {
         "workers": {
             "count": resources.workers,

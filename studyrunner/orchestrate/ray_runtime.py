@@ -230,3 +230,14 @@ def _single_machine_mode() -> Iterator[None]:
         else:
             os.environ[SINGLE_MACHINE_VARIABLE] = before[0]
         ray_constants.ENABLE_RAY_CLUSTER = before[1]
+
+
+def ray_session_dir() -> str | None:
+    """The session folder of the Ray this process started, which the ledger keeps so that `reap_dead` can stop
+    the Ray a killed driver left behind (submission.py)."""
+    try:
+        import ray._private.worker as worker
+
+        return worker.global_worker.node.get_session_dir_path()
+    except Exception:  # noqa: BLE001 - a private API; without it a crash leaves Ray to the user
+        return None

@@ -16,9 +16,9 @@ ledger row keeps the value and how many seeds it averages. Optuna trials cannot 
 summary and `analyze` give each configuration's value from the ledger's current trials (and show what Optuna
 was told beside it).
 
-Where the Optuna study lives: beside the ledger and apart from its tables (Optuna's tables include `studies`
-and `trials`, as the ledger's do): the SQLite file `NAME.optuna.db` next to an SQLite ledger `NAME.db`, or
-the schema `studyrunner_optuna` in a PostgreSQL ledger's database.
+Where the Optuna study lives, and the ledger's record of the suggestions: search_storage.py. Optuna's objects (the
+space's distributions, the seeded sampler, one grid cell's Optuna study and Tune's `OptunaSearch` on it):
+search_optuna.py. The submit path that takes a search and runs it: owned_studies.py.
 
 Continuing a search: the ledger decides what finished. Each submit (or resume) first reconciles the two
 stores: a suggestion Optuna holds but the ledger lacks (a driver killed between the two writes) is recorded;
@@ -35,188 +35,36 @@ gives it back when it ends; a holder that died is taken over. An edit of the spa
 Optuna began but never gave every searched value (a submit that failed or was killed while asking) is told
 FAIL and recorded `abandoned`: it never runs with a value missing, and it does not count in `n_trials`.
 
-Reproducible suggestions: suggestion n is drawn by a fresh sampler seeded from (`search.seed`, n), so a search
-continued after a crash suggests what the uninterrupted one would have, given the same earlier values (with
-`max_concurrent: 1`, where each suggestion follows the previous one's value, and CPU trials, which are
-deterministic).
+Reproducible suggestions: suggestion n is drawn by a fresh sampler seeded from (`search.seed`, n)
+(search_optuna.py), so a search continued after a crash suggests what the uninterrupted one would have.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-from sqlalchemy import inspect, make_url, text
 
 from ..analysis.search import current_outcome, seed_mean
 from ..errors import SpecError, StudyrunnerError
 from ..store import Ledger
-from ..store.db import FINISHED, make_engine
-from ..store.ledger import database_errors
+from ..store.db import FINISHED
 from ..study import CompiledStudy, Trial
 from ..study.compiled import Cell
 from ..study.compiler import search_cell, with_cells
 from .feed import TrialFeed
+from .search_optuna import CellSearch, rebuild, refuse_changed_space, seeded_sampler
+from .search_storage import ABANDONED, OPTUNA_SCHEMA, TOLD, open_storage, optuna_location, with_search_cells
 
-OPTUNA_SCHEMA = "studyrunner_optuna"
-TOLD = ("complete", "failed")
-ABANDONED = "abandoned"  # Optuna began it, not every searched value was drawn: told FAIL, never run
-
-
-# ------------------------------------------------------------------------------------ where it lives
-
-
-def optuna_location(db_url: str) -> tuple[str, dict[str, Any]]:
-    """(Optuna storage URL, engine arguments) for the ledger at `db_url`: its own SQLite file beside an SQLite
-    ledger, or its own schema in a PostgreSQL ledger's database."""
-    url = make_url(db_url)
-    backend = url.get_backend_name()
-    if backend == "sqlite":
-        path = Path(url.database or "")
-        beside = path.with_name(f"{path.stem}.optuna{path.suffix or '.db'}")
-        return f"sqlite:///{beside}", {}
-    if backend == "postgresql":
-        return db_url, {"connect_args": {"options": f"-c search_path={OPTUNA_SCHEMA}"}}
-    raise StudyrunnerError(
-        f"search: a search keeps its Optuna study beside the ledger, on SQLite or PostgreSQL; {backend} ledgers "
-        "are not supported (--db / STUDYRUNNER_DB)"
-    )
-
-
-def open_storage(db_url: str):
-    """Optuna's RDBStorage for the ledger at `db_url` (tables made on first use; on PostgreSQL in its schema)."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # "A new study created": the console says what matters
-    url, engine_kwargs = optuna_location(db_url)
-    shown = make_url(url).render_as_string(hide_password=True)
-    with database_errors(url, option="the ledger's Optuna storage (--db / STUDYRUNNER_DB)"):
-        if engine_kwargs:  # PostgreSQL: the schema first (only where missing: making one needs the right to)
-            engine = make_engine(db_url)
-            try:
-                if OPTUNA_SCHEMA not in inspect(engine).get_schema_names():
-                    with engine.begin() as conn:
-                        conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{OPTUNA_SCHEMA}"'))
-            finally:
-                engine.dispose()
-        try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-        except (RuntimeError, ValueError) as exc:  # an Optuna schema this Optuna cannot use
-            first = str(exc).strip().splitlines()[0]
-            raise StudyrunnerError(f"cannot use the Optuna storage {shown!r}: {first}") from None
-
-
-def search_name(study: str, base: Cell) -> str:
-    """The Optuna study of the search in grid cell `base`: the study's name, with the grid cell's hash."""
-    return f"{study}.{base.cell_hash}" if base.overrides else study
-
-
-def with_search_cells(compiled: CompiledStudy, ledger: Ledger) -> CompiledStudy:
-    """A search study with the cells its recorded suggestions make under this study file (recompiled from
-    their values, so an edit of what they share gives new hashes, which `submit` refuses as for a grid)."""
-    if compiled.study.search is None:
-        return compiled
-    bases = {search_name(compiled.study.name, b): b for b in compiled.bases}
-    cells = []
-    for point in ledger.search_points(compiled.study.name):
-        base = bases.get(point.search)
-        if point.cell_hash is None or base is None:  # an invalid suggestion, or a grid cell the file dropped
-            continue
-        try:
-            cells.append(search_cell(compiled.study, base, point.params))
-        except SpecError:
-            continue  # no longer a valid config under this file: the refusal of changed cells says so
-    return with_cells(compiled, cells)
-
-
-# ------------------------------------------------------------------------------------------ Optuna
-
-
-def _distribution(domain):
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
-    if domain.kind == "choice":
-        return CategoricalDistribution(list(domain.choices))
-    if domain.kind == "int":
-        return IntDistribution(int(domain.low), int(domain.high))
-    return FloatDistribution(float(domain.low), float(domain.high), log=domain.kind == "loguniform")
-
-
-def _described(distribution) -> str:
-    """An Optuna distribution as a study file writes its range."""
-    from optuna.distributions import CategoricalDistribution, IntDistribution
-
-    if isinstance(distribution, CategoricalDistribution):
-        return f"{{choice: {list(distribution.choices)}}}"
-    kind = "int" if isinstance(distribution, IntDistribution) else "loguniform" if distribution.log else "uniform"
-    return f"{{{kind}: [{distribution.low}, {distribution.high}]}}"
-
-
-def _sampler_class(name: str):
-    import optuna
-
-    return {
-        "tpe": optuna.samplers.TPESampler,
-        "gp": optuna.samplers.GPSampler,
-        "cmaes": optuna.samplers.CmaEsSampler,
-        "random": optuna.samplers.RandomSampler,
-    }[name]
-
-
-def seeded_sampler(name: str, seed: int):
-    """An Optuna sampler whose suggestion n is drawn by a fresh `name` sampler seeded from (seed, n): what it
-    suggests depends on the study's history and n, not on how many suggestions this process made before."""
-    import numpy as np
-    from optuna.samplers import BaseSampler
-
-    make = _sampler_class(name)
-
-    class SeededPerSuggestion(BaseSampler):
-        def __init__(self) -> None:
-            self._by_number: dict[int, BaseSampler] = {}
-            self.last_number: int | None = None  # the trial the latest `ask` made
-
-        def _for(self, trial) -> BaseSampler:
-            sampler = self._by_number.get(trial.number)
-            if sampler is None:
-                drawn = int(np.random.SeedSequence([seed, trial.number]).generate_state(1)[0])
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # ExperimentalWarning on some samplers and Optuna versions
-                    sampler = self._by_number[trial.number] = make(seed=drawn)
-            return sampler
-
-        def infer_relative_search_space(self, study, trial):
-            return self._for(trial).infer_relative_search_space(study, trial)
-
-        def sample_relative(self, study, trial, search_space):
-            return self._for(trial).sample_relative(study, trial, search_space)
-
-        def sample_independent(self, study, trial, param_name, param_distribution):
-            return self._for(trial).sample_independent(study, trial, param_name, param_distribution)
-
-        def before_trial(self, study, trial) -> None:
-            self.last_number = trial.number
-            self._for(trial).before_trial(study, trial)
-
-        def after_trial(self, study, trial, state, values) -> None:
-            self._for(trial).after_trial(study, trial, state, values)
-            self._by_number.pop(trial.number, None)
-
-        def reseed_rng(self) -> None:  # the seed is the study file's
-            pass
-
-    return SeededPerSuggestion()
-
-
-# --------------------------------------------------------------------------------------- one search
+# What callers import from here (tests, runner.py), wherever it is defined.
+__all__ = ["OPTUNA_SCHEMA", "SearchRun", "open_storage", "optuna_location", "seeded_sampler", "with_search_cells"]
 
 
 @dataclass
 class _Point:
-    search: _Search
+    """One suggestion (Optuna trial `number` of `search`) and the trials of the cell its values make."""
+
+    search: CellSearch
     number: int
     params: dict[str, Any]
     cell: Cell | None
@@ -226,55 +74,6 @@ class _Point:
     @property
     def keys(self) -> list[str]:
         return [t.trial_key for t in self.trials]
-
-
-class _Search:
-    """The search of one grid cell: Ray Tune's OptunaSearch on the Optuna study `name`, and the points the
-    ledger records for it."""
-
-    def __init__(self, run: SearchRun, base: Cell, storage) -> None:
-        import optuna
-        from ray.tune.search.optuna import OptunaSearch
-
-        spec, study = run.compiled.study.search, run.compiled.study
-        self.run, self.base = run, base
-        self.name = search_name(study.name, base)
-        self.sampler = seeded_sampler(spec.sampler, spec.seed)
-        self.tuner_search = OptunaSearch(
-            space={path: _distribution(d) for path, d in spec.space.items()},
-            metric=study.metric.name,
-            mode=study.metric.mode,
-            sampler=self.sampler,
-            study_name=self.name,
-            storage=storage,
-        )
-        # The same Optuna study by name, for what OptunaSearch has no call for: telling a trial another
-        # process asked for, reading every trial's state.
-        self.optuna = optuna.load_study(study_name=self.name, storage=storage, sampler=optuna.samplers.RandomSampler())
-        self.storage = storage
-        self.points: dict[int, str] = {}  # number -> state, as the ledger has it
-        self.asked = 0
-
-    @property
-    def budget(self) -> int:
-        counted = sum(state != ABANDONED for state in self.points.values())
-        return self.run.compiled.study.search.n_trials - counted
-
-    def trial_id(self, number: int) -> int:
-        return self.storage.get_trial_id_from_study_id_trial_number(
-            self.storage.get_study_id_from_name(self.name), number
-        )
-
-    def running(self, number: int) -> bool:
-        from optuna.trial import TrialState
-
-        return self.storage.get_trial(self.trial_id(number)).state is TrialState.RUNNING
-
-    def set_user_attrs(self, number: int, attrs: dict[str, Any]) -> None:
-        """Attributes of a running Optuna trial (a finished one cannot change), for optuna-dashboard users."""
-        if self.running(number):
-            for key, value in attrs.items():
-                self.storage.set_trial_user_attr(self.trial_id(number), key, value)
 
 
 # ------------------------------------------------------------------------------------- the run
@@ -291,47 +90,24 @@ class SearchRun(TrialFeed):
         self.compiled = with_search_cells(compiled, ledger)
         self._db_url = db_url
         self._storage = None  # opened by the submit that holds the search, when it first needs it
-        self._searches: dict[str, _Search] | None = None
+        self._searches: dict[str, CellSearch] | None = None
         self.open: dict[tuple[str, int], _Point] = {}  # suggested, not yet told
         self._turn = 0
 
     @property
-    def searches(self) -> dict[str, _Search]:
+    def searches(self) -> dict[str, CellSearch]:
         if self._searches is None:
             if self._storage is None:
                 self._storage = open_storage(self._db_url)
             self._searches = {}
             for base in self.compiled.bases:
-                search = _Search(self, base, self._storage)
+                search = CellSearch(self.compiled.study, base, self._storage)
                 self._searches[search.name] = search
         return self._searches
 
     def refuse_changed_space(self) -> None:
-        """Refuse, before anything is written, a space Optuna cannot continue: a searched path whose kind
-        changed (int to choice, uniform to loguniform) or whose choices changed since its recorded suggestions,
-        by Optuna's own rule (`check_distribution_compatibility`). Asked anyway, Optuna fails half way through a
-        suggestion, some of its values drawn. A range made wider or narrower continues."""
-        from optuna.distributions import check_distribution_compatibility
-
-        study = self.compiled.study
-        for search in self.searches.values():
-            recorded: dict[str, Any] = {}
-            for trial in search.optuna.get_trials(deepcopy=False):
-                for path, distribution in trial.distributions.items():
-                    recorded.setdefault(path, distribution)
-            for path, domain in study.search.space.items():
-                old, new = recorded.get(path), _distribution(domain)
-                if old is None:
-                    continue
-                try:
-                    check_distribution_compatibility(old, new)
-                except ValueError:
-                    raise StudyrunnerError(
-                        f"{study.source}: search.space['{path}'] is {_described(new)} but the search's recorded "
-                        f"suggestions drew it from {_described(old)}, and Optuna cannot continue a search whose path "
-                        "changes kind or choices: put the range back, or run the edited file as a new search: "
-                        f"studyrunner submit {study.source} --as-new-study NAME"
-                    ) from None
+        """Refuse, before anything is written, a space Optuna cannot continue (search_optuna.py)."""
+        refuse_changed_space(self.compiled.study, self.searches.values())
 
     # --- before Tune: make the ledger and Optuna agree ------------------------------------------------
 
@@ -345,7 +121,11 @@ class SearchRun(TrialFeed):
             trials = {t.number: t for t in search.optuna.get_trials(deepcopy=False)}
             missing = sorted(n for (name, n) in rows if name == search.name and n not in trials)
             if missing:  # the Optuna study was deleted or replaced: the ledger has what it held
-                self._rebuild(search, [rows[(search.name, n)] for n in missing], bool(trials))
+                rebuild(search, [rows[(search.name, n)] for n in missing], bool(trials), self.ledger.url)
+                self.say(
+                    f"the Optuna study {search.name} lacked the ledger's {len(missing)} suggestions: rebuilt from "
+                    "the ledger"
+                )
                 trials = {t.number: t for t in search.optuna.get_trials(deepcopy=False)}
             space = set(self.compiled.study.search.space)
             for number, trial in sorted(trials.items()):
@@ -381,36 +161,6 @@ class SearchRun(TrialFeed):
         cells = [p.cell for p in self.open.values() if p.cell is not None]
         self.compiled = with_cells(self.compiled, cells)
 
-    def _rebuild(self, search: _Search, points: list, partial: bool) -> None:
-        """Give an emptied Optuna study the suggestions the ledger records, in order, with their outcomes."""
-        from optuna.trial import TrialState, create_trial
-
-        space = self.compiled.study.search.space
-        try:
-            if partial or [p.number for p in points] != list(range(len(points))):
-                raise ValueError("it holds other trials")
-            for p in points:
-                params = {k: v for k, v in p.params.items() if k in space}
-                ended = {"complete": TrialState.COMPLETE, "failed": TrialState.FAIL, ABANDONED: TrialState.FAIL}
-                state = ended.get(p.state, TrialState.RUNNING)
-                trial = create_trial(
-                    params=params,
-                    distributions={k: _distribution(space[k]) for k in params},
-                    value=p.value if state is TrialState.COMPLETE else None,
-                    state=state,
-                    user_attrs={"cell_hash": p.cell_hash, "seeds": p.seeds or 0},
-                )
-                search.optuna.add_trial(trial)
-        except ValueError as exc:  # a value outside today's range, numbers that cannot agree
-            raise StudyrunnerError(
-                f"the Optuna study {search.name!r} ({optuna_location(self.ledger.url)[0]}) lacks suggestions the "
-                f"ledger records and cannot be rebuilt from it ({exc}); restore it, or run the search anew: "
-                "studyrunner submit FILE --as-new-study NAME"
-            ) from None
-        self.say(
-            f"the Optuna study {search.name} lacked the ledger's {len(points)} suggestions: rebuilt from the ledger"
-        )
-
     def plan(self) -> str:
         spec = self.compiled.study.search
         done = sum(state != ABANDONED for s in self.searches.values() for state in s.points.values())
@@ -434,7 +184,7 @@ class SearchRun(TrialFeed):
         self._ask(search)
         return True
 
-    def _next_search(self) -> _Search | None:
+    def _next_search(self) -> CellSearch | None:
         """The next search (round robin over grid cells) that has budget and a free slot."""
         limit = self.compiled.study.search.max_concurrent
         searches = list(self.searches.values())
@@ -446,7 +196,7 @@ class SearchRun(TrialFeed):
                 return search
         return None
 
-    def _ask(self, search: _Search) -> None:
+    def _ask(self, search: CellSearch) -> None:
         """One new suggestion from OptunaSearch: recorded, its seeds queued (or, when they all ran before,
         told at once from the ledger)."""
         asked_as = f"{search.name}#{search.asked}"
@@ -468,7 +218,7 @@ class SearchRun(TrialFeed):
         if point.cell is not None:
             self.run_new(point.cell, point.trials)
 
-    def _record(self, search: _Search, number: int, params: dict[str, Any], asked_as: str | None) -> _Point:
+    def _record(self, search: CellSearch, number: int, params: dict[str, Any], asked_as: str | None) -> _Point:
         """A suggestion into the ledger: its cell and trials (registered as a grid cell's), then its point row;
         a suggestion whose values make no valid config is failed at once."""
         try:
@@ -492,7 +242,7 @@ class SearchRun(TrialFeed):
         self._tell_if_done(point)
         return point
 
-    def _abandon(self, search: _Search, number: int, why: str) -> None:
+    def _abandon(self, search: CellSearch, number: int, why: str) -> None:
         """A suggestion Optuna began that must never run (not every searched value drawn): told FAIL, and
         recorded `abandoned` (not counted in n_trials, so the search asks for another)."""
         from optuna.trial import TrialState
@@ -508,7 +258,7 @@ class SearchRun(TrialFeed):
         if not known:
             self.say(f"{search.name} #{number}: {why}; told failed, never run, not counted in n_trials")
 
-    def _cell(self, search: _Search, params: dict[str, Any], strict: bool = False) -> Cell:
+    def _cell(self, search: CellSearch, params: dict[str, Any], strict: bool = False) -> Cell:
         try:
             return search_cell(self.compiled.study, search.base, params)
         except SpecError:

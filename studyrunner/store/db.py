@@ -166,7 +166,7 @@ class CellParamRow(Base):
 class SearchPointRow(Base):
     """One configuration a search suggested (`search:`; revision 0004): an Optuna trial, by its study's name
     and trial number, and the cell it made. The Optuna study itself lives apart from these tables (its own
-    SQLite file or PostgreSQL schema: orchestrate/search.py); this row is the ledger's account of it."""
+    SQLite file or PostgreSQL schema: orchestrate/search_storage.py); this row is the ledger's account of it."""
 
     __tablename__ = "search_points"
     __table_args__ = (ForeignKeyConstraint(["study", "cell_hash"], ["cells.study", "cells.cell_hash"]),)

@@ -265,3 +265,12 @@ def test_without_a_min_effect_a_claim_is_futile_when_its_trend_cannot_cross_by_m
     clear = {"c1": [0.40, 0.41, 0.39], "c2": [0.45, 0.47, 0.44]}  # a clear trend: more seeds
     (c,) = sequential.take_look(study(clear, [text]), design, []).claims
     assert c.state == "sampling"
+
+
+def test_a_decided_claim_is_described_with_the_seeds_of_the_look_that_decided_it():
+    """Seen in faithful_melt_teacher: a claim decided at look 1 (3 seeds) was printed at the end as 'supported at
+    look 1, 4 seeds' because its cells went on to a 4th seed for another claim."""
+    decided = sequential.ClaimLook(index=1, claim="a > b", state="supported", decided_at=1, seeds=3, cells=["c1"])
+    assert sequential.describe_state(decided, {"c1": 4}) == "claim 2 supported at look 1, 3 seeds"
+    open_claim = sequential.ClaimLook(index=0, claim="a > b", state="undecided", seeds=3, cells=["c1"])
+    assert sequential.describe_state(open_claim, {"c1": 4}) == "claim 1 undecided, 4 seeds"

@@ -120,6 +120,8 @@ def final_states(looks: list[Look]) -> list[ClaimLook]:
 def describe_state(c: ClaimLook, seeds: dict[str, int]) -> str:
     """One line for progress and status: 'claim 2 supported at look 3, 5 seeds'."""
     n = min((seeds.get(cell, 0) for cell in c.cells), default=0)
+    if c.state in DECIDED or c.state == FUTILE:
+        n = c.seeds or n  # the seeds of the look that decided it, not those its cells reached for other claims
     if c.state in DECIDED:
         return f"claim {c.index + 1} {c.state} at look {c.decided_at}, {n} seeds"
     if c.state == FUTILE:

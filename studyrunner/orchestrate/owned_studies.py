@@ -32,25 +32,11 @@ def submit_search(compiled, workspace, ledger, tracker, command, options, consol
         search.refuse_changed_space()
         ledger.register(search.compiled)
         search.reconcile()
-        compiled = search.compiled
-        reg = ledger.register(compiled)
-        held = [r.trial_key for r in ledger.trials_by_key(reg.held) if r.status in ("failed", "diverged")]
-        result = SubmitResult(name, len(compiled.trials), skipped=reg.skipped, held=held)
-        console.print(f"[bold]{escape(name)}[/]: {escape(search.plan())}")
-        if compiled.cells:
-            say_plan(console, compiled, reg.skipped, held, workspace)
-        stale = sorted(ledger.stale_keys(name, options.stale_after))
-        result = run_trials(
-            compiled, workspace, ledger, tracker, reg.to_run + stale, command, result, options, console,
-            feed=search, submission=submission,
-        )  # fmt: skip
+        result = _run_fed(search, workspace, ledger, tracker, command, options, console, submission)
     except BaseException:
         submission.close()  # releases the search (a no-op where `run_trials` closed it)
         raise
-    result.trials = len(search.compiled.trials)
-    for line in search.summary():
-        console.print(line, markup=False, highlight=False)
-    return result
+    return _summed_up(search, result, console)
 
 
 def submit_waves(compiled, workspace, ledger, tracker, command, options, console) -> SubmitResult:
@@ -69,22 +55,34 @@ def submit_waves(compiled, workspace, ledger, tracker, command, options, console
         waves.check_design()
         refuse_changed_meaning(ledger, waves.compiled)
         resolve_teachers(waves.compiled, ledger, workspace)
-        reg = ledger.register(waves.compiled)
-        compiled = waves.compiled
-        held = [r.trial_key for r in ledger.trials_by_key(reg.held) if r.status in ("failed", "diverged")]
-        result = SubmitResult(name, len(compiled.trials), skipped=reg.skipped, held=held)
-        console.print(f"[bold]{escape(name)}[/]: {escape(waves.plan())}")
-        say_plan(console, compiled, reg.skipped, held, workspace)
-        stale = sorted(ledger.stale_keys(name, options.stale_after))
-        result = run_trials(
-            compiled, workspace, ledger, tracker, reg.to_run + stale, command, result, options, console,
-            feed=waves, submission=submission,
-        )  # fmt: skip
+        result = _run_fed(waves, workspace, ledger, tracker, command, options, console, submission)
     except BaseException:
         submission.close()  # releases the study (a no-op where `run_trials` closed it)
         raise
-    result.trials = len(waves.compiled.trials)
-    for line in waves.summary():
+    return _summed_up(waves, result, console)
+
+
+def _run_fed(feed, workspace, ledger, tracker, command, options, console, submission) -> SubmitResult:
+    """Register the feed's trials so far, say the plan, and run them (and the stale ones) with the feed adding
+    more as it goes: a search's suggestions, a sequential study's waves."""
+    compiled = feed.compiled
+    name = compiled.study.name
+    reg = ledger.register(compiled)
+    held = [r.trial_key for r in ledger.trials_by_key(reg.held) if r.status in ("failed", "diverged")]
+    result = SubmitResult(name, len(compiled.trials), skipped=reg.skipped, held=held)
+    console.print(f"[bold]{escape(name)}[/]: {escape(feed.plan())}")
+    if compiled.cells:  # a search before its first suggestion has none
+        say_plan(console, compiled, reg.skipped, held, workspace)
+    stale = sorted(ledger.stale_keys(name, options.stale_after))
+    return run_trials(
+        compiled, workspace, ledger, tracker, reg.to_run + stale, command, result, options, console,
+        feed=feed, submission=submission,
+    )  # fmt: skip
+
+
+def _summed_up(feed, result: SubmitResult, console) -> SubmitResult:
+    result.trials = len(feed.compiled.trials)  # the feed added trials while it ran
+    for line in feed.summary():
         console.print(line, markup=False, highlight=False)
     return result
 

@@ -78,4 +78,14 @@ def test_quickstart_compares_looped_with_shallow_and_deeper_unlooped():
         (c.config["model"]["params"]["block_layers"], c.config["model"]["params"]["loops"]) for c in compiled.cells
     }
     assert shapes == {(1, 1), (1, 4), (4, 1)}
-    assert len(compiled.study.seeds) == 2
+    seeds = compiled.study.seeds  # sequential, within issue 22's bounds: start 2 or 3, max at most 8
+    assert seeds.start in (2, 3) and seeds.max <= 8 and compiled.study.claims
+
+
+def test_shipped_studies_with_claims_take_sequential_seeds():
+    from studyrunner.study.seeds import SequentialSeeds
+
+    for path in sorted((ROOT / "studies").glob("**/*.yaml")):
+        study = load_and_compile(path).study
+        if study.claims and not study.search:
+            assert isinstance(study.seeds, SequentialSeeds), path.name

@@ -273,3 +273,14 @@ def test_a_stored_study_file_this_version_cannot_read_is_named_not_taken_for_no_
     assert result.exit_code != 0
     assert "pass the study file instead of the name" in output(result)
     assert "declares no claims" not in output(result)
+
+
+@pytest.mark.parametrize("spelling", [None, "None"])
+def test_an_unset_field_is_selected_alike_in_the_compiled_config_and_in_the_ledgers_table(spelling):
+    """Seen in faithful_loops_memory: `mlp_hidden=None` matched the unset cells when `validate` read the compiled
+    configs (None) but none when `verify` read the ledger's table, where the column other cells set holds NaN:
+    every claim that named it was invalid at the first look, for good."""
+    from studyrunner.study.claims_grammar import values_equal
+
+    assert values_equal(None, spelling) and values_equal(float("nan"), spelling)
+    assert not values_equal(545, spelling) and not values_equal(545.0, spelling) and not values_equal(0, spelling)

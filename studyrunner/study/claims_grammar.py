@@ -443,11 +443,15 @@ def parse_rule(text: str) -> Rule:
 
 
 def values_equal(a: Any, b: Any) -> bool:
-    """A config value equals a selector value: numbers numerically (4 == 4.0), bools as bools, else text."""
+    """A config value equals a selector value: numbers numerically (4 == 4.0), bools as bools, else text.
+    An unset value is None in a compiled config but NaN in the ledger's table (a column other cells set), so
+    both are unset here: `validate` and `verify` must agree on what a selector matches."""
+    if isinstance(a, float) and math.isnan(a):
+        a = None
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b or (isinstance(a, bool) and isinstance(b, bool) and a == b)
-    if b is None:
-        return a is None or (isinstance(a, float) and math.isnan(a))
+    if b is None or (a is None and b == "None"):  # `null`, or Python's spelling of it
+        return a is None
     if isinstance(a, numbers.Real) and isinstance(b, int | float):
         return float(a) == float(b)
     return str(a) == str(b)

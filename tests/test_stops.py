@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
-from test_faults import cli, finish, statuses, study_text, wait_for
+from test_faults import cli, finish, ray_processes, statuses, study_text, wait_for
 from test_ledger import _pg_bin
 
-from studyrunner.orchestrate.submission import _alive, _processes_of
 from studyrunner.store import Ledger
 from studyrunner.store.db import SubmissionRow
 
@@ -29,10 +28,6 @@ pytestmark = pytest.mark.faults
 def session_dirs(ledger: Ledger, study: str) -> list[str]:
     with ledger.session() as s:
         return [r for r in s.scalars(select(SubmissionRow.ray_session_dir).where(SubmissionRow.study == study)) if r]
-
-
-def ray_left(session_dir: str) -> list[int]:
-    return [p for p in _processes_of(session_dir) if _alive(p)]
 
 
 def test_sigterm_ends_a_submit_as_ctrl_c_does(tmp_path):
@@ -50,7 +45,7 @@ def test_sigterm_ends_a_submit_as_ctrl_c_does(tmp_path):
     rows = ledger.trials("term")
     assert {r.status for r in rows} == {"pending"} and all(r.owner is None for r in rows)
     (session,) = session_dirs(ledger, "term")
-    wait_for(lambda: not ray_left(session), timeout=60, what="the submit's Ray processes to end")
+    wait_for(lambda: not ray_processes(session), timeout=60, what="the submit's Ray processes to end")
 
 
 def test_sigterm_while_ray_starts_ends_the_submit_as_well(tmp_path):
@@ -159,7 +154,7 @@ def test_a_postgresql_outage_mid_study_exits_1_with_the_resume_command(tmp_path,
     ledger = Ledger(url, create=False)
     assert {r.status for r in ledger.trials("outage")} != {"succeeded"}  # left unfinished, for resume
     for session in session_dirs(ledger, "outage"):  # its Ray was stopped all the same
-        wait_for(lambda session=session: not ray_left(session), timeout=60, what="the submit's Ray to end")
+        wait_for(lambda session=session: not ray_processes(session), timeout=60, what="the submit's Ray to end")
     code, output = finish(cli("resume", "outage", "--no-progress", "--db", url, workspace=ws), timeout=600)
     assert code == 0, output
     rows = ledger.trials("outage")

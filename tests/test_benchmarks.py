@@ -7,6 +7,7 @@ import copy
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -224,3 +225,37 @@ def test_large_cell_runs_its_code_path_on_the_cpu():
     out = large_cell.measure(quick=True, tiny=True, device="cpu")
     assert {"median", "min", "max"} <= out["figures"]["large_cell_mfu"].keys()
     assert out["details"]["model_flops_per_step"] > 0
+
+
+def test_gpu_study_verdicts_decide_a_first_look_from_json_lines(tmp_path):
+    """benchmarks/gpu_study_verdicts.py: finished rows become trials of their cells; unfinished ones are left out."""
+    from benchmarks.gpu_study_verdicts import frame
+    from studyrunner.analysis.claims import verify
+    from studyrunner.analysis.data import from_frame
+    from studyrunner.study import compile_study, loads
+
+    study_file = Path("studies/quickstart.yaml")
+    cells = compile_study(loads(study_file.read_text())).cells
+    rows = []
+    for cell in cells:
+        loops = cell.config["model"]["params"]["loops"] * cell.config["model"]["params"].get("block_layers", 1)
+        for seed in range(5):
+            rows.append(
+                {
+                    "cell_hash": cell.cell_hash,
+                    "label": cell.label,
+                    "overrides": cell.overrides,
+                    "seed": seed,
+                    "status": "succeeded",
+                    "eval_accuracy": 0.3 + 0.1 * (loops > 1) + 0.001 * seed,
+                }
+            )
+    rows.append({**rows[0], "status": "unfinished", "step": 1000, "seed": 9})
+    results = tmp_path / "r.jsonl"
+    results.write_text("\n".join(json.dumps(r) for r in rows))
+    trials, study, unfinished = frame(study_file, results)
+    assert len(trials) == 3 * 5 and trials.cell_hash.nunique() == 3 and [r["seed"] for r in unfinished] == [9]
+    data = from_frame(trials, study.name, study.metric.name, study.metric.mode, study.failure, study.claims)
+    assert data.missing == 0
+    verdicts = {v.claim: v.verdict for v in verify(data)}
+    assert verdicts["eval_accuracy[block_layers=1, loops=4] > eval_accuracy[block_layers=1, loops=1]"] == "supported"

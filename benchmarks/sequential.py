@@ -6,7 +6,8 @@ Synthetic studies, no training: each simulated study draws a metric for every (c
 looks see the seeds a real run would have recorded by then. The decisions are `analysis.sequential.run_sequential`
 (the same `take_look` the runner calls after each wave), so what is measured is what `submit` does.
 
-Data shapes (metric y of a cell's seed):
+Data shapes (metric y of a cell's seed, named `eval_accuracy` and clipped to [0, 1], as an accuracy is: the claims
+see the range the product knows for accuracies, `analysis.bounded`):
 - normal: y = μ_cell + u_seed + e, a seed effect u ~ N(0, 0.03) shared by the seed's cells (the same seed is the
   same initialisation and data stream) and e ~ N(0, 0.05);
 - heavy: as normal, with e = 0.05 · t₃ / √3 (heavy tails, the same sd);
@@ -47,6 +48,7 @@ from studyrunner.analysis.data import StudyData, annotate
 SEED_SD, NOISE_SD = 0.03, 0.05
 FAIL_P, CHANCE, SUCCESS = 0.3, 0.25, 0.55
 SHAPES = ("normal", "heavy", "bimodal")
+METRIC = "eval_accuracy"  # y's name: an accuracy, so its range [0, 1] is known to the claims
 
 
 @dataclass(frozen=True)
@@ -65,14 +67,14 @@ class SimDesign:
 
 
 def _pairs(k: int) -> tuple[str, ...]:
-    return tuple(f"y[arm={a}] > y[arm=0]" for a in range(k - 1, 0, -1))
+    return tuple(f"{METRIC}[arm={a}] > {METRIC}[arm=0]" for a in range(k - 1, 0, -1))
 
 
 DESIGNS = {
     "2x2-8": SimDesign(2, 2, 8, 1, _pairs(2)),
     "3x3-12": SimDesign(3, 3, 12, 1, _pairs(3)),
     "5x2-10": SimDesign(5, 2, 10, 1, _pairs(5)),
-    "4x3-12s2": SimDesign(4, 3, 12, 2, ("y[arm=3] > y[arm=0]", "y[arm=3] > {c}")),
+    "4x3-12s2": SimDesign(4, 3, 12, 2, (f"{METRIC}[arm=3] > {METRIC}[arm=0]", f"{METRIC}[arm=3] > {{c}}")),
     "2x2-8m": SimDesign(2, 2, 8, 1, _pairs(2), min_effect=True),
 }
 
@@ -95,11 +97,11 @@ def _draws(design: SimDesign, shape: str, delta: float, rng: np.random.Generator
     if shape == "bimodal":
         fail = rng.random((k, n)) < (FAIL_P * (1 - share) if delta > 0 else np.full(k, FAIL_P))[:, None]
         good = 0.4 + SUCCESS + rng.normal(0, 0.03, (k, n))
-        return np.where(fail, CHANCE + rng.normal(0, 0.01, (k, n)), good)
+        return np.clip(np.where(fail, CHANCE + rng.normal(0, 0.01, (k, n)), good), 0.0, 1.0)
     mu = 0.4 + delta * share
     u = rng.normal(0, SEED_SD, n)[None, :]
     e = rng.normal(0, NOISE_SD, (k, n)) if shape == "normal" else NOISE_SD * rng.standard_t(3, (k, n)) / math.sqrt(3)
-    return mu[:, None] + u + e
+    return np.clip(mu[:, None] + u + e, 0.0, 1.0)
 
 
 def _truth(design: SimDesign, shape: str) -> float:
@@ -123,7 +125,7 @@ def template(design: SimDesign) -> pd.DataFrame:
             "model.params.loops": 1,
             "effective_depth": 1.0,
             "baseline_of": "",
-            "y": 0.0,
+            METRIC: 0.0,
         }
     )
     return annotate(frame, None)
@@ -138,13 +140,13 @@ def simulate(
     claims = [c.replace("{c}", f"{_truth(design, shape):.6g}") for c in design.claims]  # the null's cell mean
     specs = [(c, effect_size(design, shape) if design.min_effect else None) for c in claims]
     base = template(design)
-    data = StudyData("sim", base, metric="y", claims=claims, cells_order=[f"c{c}" for c in range(design.cells)])
+    data = StudyData("sim", base, metric=METRIC, claims=claims, cells_order=[f"c{c}" for c in range(design.cells)])
     plan = sequential.Design(design.max if fixed else design.start, design.max, design.step)
     cells = list(data.cells_order)
     supported = contradicted = looks = seeds = 0.0
     for _ in range(sims):
         y = _draws(design, shape, delta, rng).ravel()
-        full = base.assign(y=y)
+        full = base.assign(**{METRIC: y})
 
         def draw(counts: dict[str, int], full=full) -> StudyData:
             keep = full.seed.to_numpy() < full.cell_hash.map(counts).to_numpy()

@@ -137,8 +137,9 @@ HOLDS_AND_FAILS = [
     ("clean", "eval_accuracy[loops=8, block_layers=1] > eval_accuracy[loops=1, block_layers=1]",
      "eval_accuracy[loops=8, block_layers=1] < eval_accuracy[loops=1, block_layers=1]"),  # paired t
     ("clean", "eval_accuracy[loops=8] > eval_accuracy[loops=1]", "eval_accuracy[loops=8] <= eval_accuracy[loops=1]"),
-    ("clean", "eval_accuracy[loops=1] > 0.25", "eval_accuracy[loops=1] > 0.35"),
-    ("clean", "0.25 < eval_accuracy[loops=1]", "0.35 < eval_accuracy[loops=1]"),
+    # an accuracy against a number: decided where the t-test and the distribution-free gate agree (seeds ~0.3)
+    ("clean", "eval_accuracy[loops=1] > 0.05", "eval_accuracy[loops=1] > 0.9"),
+    ("clean", "0.05 < eval_accuracy[loops=1]", "0.9 < eval_accuracy[loops=1]"),
     ("clean", "iqm(eval_accuracy)[loops=4, block_layers=1] > 0.4", "iqm(eval_accuracy)[loops=4, block_layers=1] > 0.5"),
     ("clean", "slope(eval_accuracy ~ ln effective_depth)[block_layers=1] > 0.05",
      "slope(eval_accuracy ~ ln effective_depth)[block_layers=1] < 0.05"),

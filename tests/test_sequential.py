@@ -116,7 +116,9 @@ def test_the_repeated_p_value_is_below_alpha_exactly_when_the_look_crosses():
 
 
 def frame(values: dict[str, list[float]]) -> pd.DataFrame:
-    """A trials frame of cells loops=1 and loops=2 with the given eval_accuracy per seed."""
+    """A trials frame of cells loops=1 and loops=2 with the given eval_accuracy per seed, and the same values as
+    `score`, a metric of no known range (its claims against a number are the t-test's alone, without the
+    distribution-free gate an accuracy gets: analysis/bounded.py)."""
     rows = []
     for cell, ys in values.items():
         loops = int(cell[-1])
@@ -132,6 +134,7 @@ def frame(values: dict[str, list[float]]) -> pd.DataFrame:
                     "effective_depth": float(loops),
                     "baseline_of": "",
                     "eval_accuracy": y,
+                    "score": y,
                 }
             )
     return annotate(pd.DataFrame(rows), None)
@@ -147,7 +150,7 @@ TWO = [0.320, 0.344, 0.242, 0.430, 0.398]
 
 def test_a_look_decides_at_its_nominal_level_and_adds_seeds_only_to_the_undecided_claims_cells():
     design = sequential.Design(2, 5, 1)
-    claims = ["eval_accuracy[loops=2] > 0.2", "eval_accuracy[loops=1] > 5"]
+    claims = ["score[loops=2] > 0.2", "score[loops=1] > 5"]
     first = sequential.take_look(study({"c1": ONE[:2], "c2": TWO[:2]}, claims), design, [])
     a, b = first.claims
     assert a.state == b.state == "sampling" and a.analysed and a.fraction == pytest.approx(2 / 5)
@@ -194,7 +197,7 @@ def test_the_last_possible_look_spends_what_is_left_and_a_claim_that_cannot_reac
 
 def test_a_look_without_a_new_seed_with_a_value_is_not_analysed_again():
     design = sequential.Design(2, 5, 1)
-    claims = ["eval_accuracy[loops=2] > 0.2"]
+    claims = ["score[loops=2] > 0.2"]
     first = sequential.take_look(study({"c1": ONE[:2], "c2": TWO[:2]}, claims), design, [])
     diverged = study({"c1": ONE[:2], "c2": TWO[:2] + [math.nan]}, claims)
     second = sequential.take_look(diverged, design, [first])
@@ -204,7 +207,7 @@ def test_a_look_without_a_new_seed_with_a_value_is_not_analysed_again():
 
 def test_rows_round_trip_and_verify_reports_the_look_that_decided():
     design = sequential.Design(2, 5, 1)
-    claims = ["eval_accuracy[loops=2] > 0.2", "eval_accuracy[loops=1] > 5"]
+    claims = ["score[loops=2] > 0.2", "score[loops=1] > 5"]
     looks = sequential.run_sequential(
         lambda seeds: study({"c1": ONE[: seeds["c1"]], "c2": TWO[: seeds["c2"]]}, claims), design, ["c1", "c2"]
     )

@@ -18,7 +18,9 @@ SIMS = 50  # per design and shape; pooled over the four designs per shape
 DESIGNS = {
     "2x2-8": sim.DESIGNS["2x2-8"],
     "3x3-12": sim.DESIGNS["3x3-12"],
-    "5x2-10": sim.SimDesign(5, 2, 10, 1, ("y[arm=4] > y[arm=0]", "y[arm=2] > y[arm=0]")),
+    "5x2-10": sim.SimDesign(
+        5, 2, 10, 1, (f"{sim.METRIC}[arm=4] > {sim.METRIC}[arm=0]", f"{sim.METRIC}[arm=2] > {sim.METRIC}[arm=0]")
+    ),
     "4x3-12s2": sim.DESIGNS["4x3-12s2"],
 }
 ALPHA = 0.05

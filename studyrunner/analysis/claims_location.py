@@ -15,9 +15,9 @@ import pandas as pd
 from scipy import stats as sps
 
 from ..study.claims_grammar import Quantity
-from . import exact
+from . import bounded, exact
 from .claims_evidence import STATISTICS, by_seed, deterministic, no_spread, statistic, tied, values_by_cell
-from .claims_verdict import Verdict, cannot_decide, conclude, exact_difference, randomised, shifted
+from .claims_verdict import ALPHA, Verdict, cannot_decide, conclude, exact_difference, randomised, shifted
 from .stats import MIN_BOOTSTRAP_SEEDS, N_RESAMPLES, SEED, bootstrap_draws, one_sided_t, yuen_one, yuen_two
 
 
@@ -45,9 +45,45 @@ def location_vs_number(v: Verdict, rows: pd.DataFrame, q: Quantity, greater: boo
     if irregular:
         return cannot_decide(v, q, irregular, against_number=True)
     res = one_sided_t(centre, se, df, v.alpha, c)
-    shifted(v, res, c)
     v.extra["design"] = {"test": "t1" if q.kind == "mean" else "yuen1", "x": x, "null": c, "greater": greater}
-    return conclude(v, greater, res["p_up"], res["p_down"])
+    if q.kind == "mean":
+        _gate(v, res, x, q.metric, c, greater)
+    shifted(v, res, c)
+    return conclude(
+        v, greater, max(res["p_up"], v.extra.get("gate_up", 0.0)), max(res["p_down"], v.extra.get("gate_down", 0.0))
+    )
+
+
+def _gate(v: Verdict, res: dict, x: np.ndarray, metric: str, c: float, greater: bool) -> None:
+    """The distribution-free gate (`bounded`) on a mean of a metric with a known range: a verdict needs both the
+    t-test and the gate, so its p is the larger of the two and its interval the union of theirs. A sequential
+    look reads `extra["gate"]`: it compares the t-test's p with its boundary and the gate's with ALPHA."""
+    span = bounded.known_range(metric)
+    if span is None or bounded.out_of_range(x, *span):
+        return
+    up, down = bounded.betting_p(x, c, True, *span), bounded.betting_p(x, c, False, *span)
+    t_claimed, t_opposite = (res["p_up"], res["p_down"]) if greater else (res["p_down"], res["p_up"])
+    claimed, opposite = (up, down) if greater else (down, up)
+    v.extra["gate"] = {
+        "t_claimed": t_claimed,
+        "t_opposite": t_opposite,
+        "claimed": claimed,
+        "opposite": opposite,
+        "span": span,
+    }
+    v.extra["gate_up"], v.extra["gate_down"] = up, down
+    v.extra["design"]["span"] = span
+    # The gate is anytime-valid, so a sequential look holds it at ALPHA itself while the t-test meets the look's
+    # smaller nominal level (the level this verdict is evaluated at there): its bounds are at ALPHA or above.
+    level = max(v.alpha, ALPHA)
+    res["lo"] = min(res["lo"], bounded.betting_bound(x, level, True, *span))
+    res["hi"] = max(res["hi"], bounded.betting_bound(x, level, False, *span))
+    if t_claimed < v.alpha and claimed > level:
+        v.detail += (
+            f"; held back by the distribution-free bound on a metric in [{span[0]:g}, {span[1]:g}] (p {claimed:.3g}):"
+            " a failure mode no seed has shown yet could still explain these seeds; more seeds, or a failure-rate"
+            " claim, decide it"
+        )
 
 
 def _median_vs_number(v: Verdict, x: np.ndarray, greater: bool, c: float) -> Verdict:

@@ -161,7 +161,27 @@ def _one_sample(design, effect, power, alpha, x=None, label="one-sample") -> See
 
 def _t1(design, effect, power, alpha):
     label = "paired (per-seed differences)" if "d" in design or design.get("paired") else "one-sample"
-    return _one_sample(design, effect, power, alpha, label=label)
+    found = _one_sample(design, effect, power, alpha, label=label)
+    if found is not None and design.get("span") is not None:
+        found = _with_gate(found, design, effect, alpha)
+    return found
+
+
+def _with_gate(found: SeedsNeeded, design: dict, effect: float, alpha: float) -> SeedsNeeded:
+    """An accuracy against a number is decided only where the distribution-free gate (analysis/bounded.py) passes
+    too: its all-in bet grows by (m − lo) / (c − lo) a seed at a mean m = c + effect (the most it can grow on
+    average), so it needs at least log(1/alpha) / log of that."""
+    (lo, hi), c = design["span"], design["null"]
+    ratio = (c + effect - lo) / (c - lo) if effect > 0 else (hi - c - effect) / (hi - c)
+    if not (c - lo > 0 and hi - c > 0):
+        return found
+    gate = math.ceil(math.log(1 / alpha) / math.log(ratio)) if ratio > 1 else None
+    if gate is None or gate > MAX_SEEDS:
+        found.per_side = None
+    elif found.per_side is not None:
+        found.per_side = max(found.per_side, gate)
+    found.method += "; and the distribution-free bound's seeds at that mean (closed form: the all-in bet's growth)"
+    return found
 
 
 def _welch(design, effect, power, alpha):

@@ -56,6 +56,7 @@ from scipy.stats import norm
 
 from ..study.claims_grammar import Claim, parse_claim
 from ..study.schema import ClaimEntry
+from . import bounded
 from . import claims as claims_module
 from . import power as power_module
 from .claims_verdict import ALPHA
@@ -205,29 +206,56 @@ def _claim_look(
     boundary = boundaries(tuple(fractions), design.level, design.spending)[-1]
     nominal = float(norm.sf(boundary))
     p_claimed, p_opposite = float(v.p_claimed), float(v.p_opposite)
+    # A mean against a number on a bounded metric (claims_location._gate): the t-test's p meets the boundary and
+    # the anytime-valid gate meets ALPHA itself (it needs no spending); its p already holds both in a fixed test.
+    gate = v.extra.get("gate")
+    if gate is not None:
+        p_claimed, p_opposite = float(gate["t_claimed"]), float(gate["t_opposite"])
+    gate_claimed, gate_opposite = (gate["claimed"], gate["opposite"]) if gate is not None else (0.0, 0.0)
     out.analysed, out.fraction, out.boundary, out.nominal = True, fraction, boundary, nominal
     out.p_claimed, out.p_opposite = p_claimed, p_opposite
     out.z = float(norm.isf(p_claimed)) if np.isfinite(p_claimed) else math.nan
-    if p_claimed < nominal:
+    if p_claimed < nominal and gate_claimed <= design.alpha:
         out.state = SUPPORTED
-    elif p_opposite < nominal:
+    elif p_opposite < nominal and gate_opposite <= design.alpha:
         out.state = CONTRADICTED
     elif ended:
         out.state = ENDED
     else:
         opposite = float(norm.isf(p_opposite)) if np.isfinite(p_opposite) else math.nan
         why = _futility(data, claim, v, design, min_effect, tuple(fractions), out.z, opposite, min(capacity))
+        why = why or _gate_futility(v, design)
         if why is not None:
             out.state, out.needed, out.detail = FUTILE, why[0], why[1]
     if out.state in TERMINAL:
         out.decided_at = number
         toward = out.z if out.state != CONTRADICTED else float(norm.isf(p_opposite))
-        out.p_sequential = design.p_value(tuple(fractions), toward)
+        held = gate_claimed if out.state != CONTRADICTED else gate_opposite
+        out.p_sequential = max(design.p_value(tuple(fractions), toward), held)
     shown = claim_test(data, claim, nominal) if intervals and nominal != design.alpha else v
     out.estimate, out.lo, out.hi = shown.estimate, shown.lo, shown.hi
     detail = f"look {number}: one-sided p {p_claimed:.3g} vs nominal {nominal:.3g} (t = {fraction:.2f})"
+    if p_claimed < nominal and gate_claimed > design.alpha:
+        detail += f"; held back by the distribution-free bound (p {gate_claimed:.3g} > {design.alpha:g})"
     out.detail = f"{detail}; {out.detail}" if out.detail else detail
     return out
+
+
+def _gate_futility(v: claims_module.Verdict, design: Design) -> tuple[None, str] | None:
+    """Futile when the distribution-free gate (analysis/bounded.py) could pass in neither direction by `max`
+    were the seeds to come at the mean seen so far (non-binding, as `_futility`)."""
+    if v.extra.get("gate") is None:
+        return None
+    d, span = v.extra["design"], v.extra["gate"]["span"]
+    more = design.max - len(d["x"])
+    ps = [bounded.projected_p(d["x"], d["null"], way, *span, more) for way in (True, False)]
+    if min(ps) <= design.alpha:
+        return None
+    return None, (
+        f"futile: at the mean seen so far the distribution-free bound on this accuracy would not reach "
+        f"{design.alpha:g} by {design.max} seeds in either direction (p {min(ps):.3g}): a failure mode no seed has "
+        "shown could explain seeds this close to the number"
+    )
 
 
 def _futility(data, claim, v, design: Design, min_effect, fractions, z: float, opposite: float, most: int):

@@ -304,6 +304,8 @@ def test_validate_prints_the_smallest_p_each_claim_can_reach(tmp_path):
         '  - "failure_rate[loops=8] < 0.3"\n'
         '  - "failure_rate[loops=8, block_layers=1] < 0.3"\n'
         '  - "eval_accuracy[loops=8] > eval_accuracy[loops=1]"\n'
+        '  - "eval_accuracy[loops=8] > 0.6"\n'
+        '  - "eval_loss[loops=8] < 0.6"\n'
     )
     path = tmp_path / "s.yaml"
     path.write_text(study_text(extra=claims_text))  # 4 seeds a cell
@@ -314,6 +316,13 @@ def test_validate_prints_the_smallest_p_each_claim_can_reach(tmp_path):
     assert "claims[1]" in out and "exact binomial test, smallest p 0.0576" in out  # 8 trials: 0.7^8
     assert "claims[2]" in out and "(needs 9)" in out  # 0.7^4: a binomial < 0.3 needs 9 seeds
     assert "claims[3]" in out and "paired t, any p" in out
+    # an accuracy against a number: the distribution-free gate's smallest p is 0.6^4 (every seed at 1); a loss has
+    # no known range, so the t-test alone decides it
+    assert (
+        "claims[4]" in out
+        and "distribution-free bound, smallest p 0.13: cannot reach p < 0.05 with 4 seeds (needs 6)" in out
+    )
+    assert "claims[5]" in out and "one-sample t, any p" in out
     assert "claims[0] cannot be decided with 4 seeds; it needs 5" in result.stderr
     result = runner.invoke(app, ["plan", str(path)])
     assert result.exit_code == 0 and "exact McNemar test, smallest p 0.0625" in result.stdout

@@ -22,21 +22,12 @@ gate passes. Its confidence set is the union of the two: the shown interval reac
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 
-# Metrics whose values lie in [0, 1] by construction: accuracies and exact-match rates, at any budget, loop count
-# or schedule summary (`_budget_4`, `_loops_8`, `_min`, `_spread`), not correlations (`_rho`, in [-1, 1]).
-_UNIT = re.compile(r"(^|_)(accuracy|exact_match)(_|$)")
-_NOT_UNIT = re.compile(r"_rho$")
+from ..study.metric_range import known_range
 
-
-def known_range(metric: str) -> tuple[float, float] | None:
-    """(lo, hi) the metric cannot leave, where the project knows it; None otherwise (the t-test alone decides)."""
-    if _UNIT.search(metric) and not _NOT_UNIT.search(metric):
-        return (0.0, 1.0)
-    return None
+__all__ = ["betting_bound", "betting_p", "known_range", "out_of_range", "projected_p"]
 
 
 def betting_p(x: np.ndarray, c: float, greater: bool, lo: float, hi: float) -> float:

@@ -20,6 +20,7 @@ from .canonical import flatten_config
 from .claims_grammar import Number, Quantity, parse_claim, selector_column, values_equal
 from .compiled import CompiledStudy
 from .errors import spec_error
+from .metric_range import known_range
 
 
 def check_claims(compiled: CompiledStudy, reports: Callable[[str], bool], reported: Callable[[], set[str]]) -> None:
@@ -183,11 +184,11 @@ def claim_reach(compiled: CompiledStudy) -> list[Reach]:
                 Reach(i, text, "bootstrap (from 10 seeds a side)", 0.0 if n >= 10 else 1.0, n, 10 if n < 10 else None)
             )
         else:
-            out.append(_continuous(i, text, lhs, rhs, n, study.failure is not None, len(cells(lhs))))
+            out.append(_continuous(i, text, lhs, op, rhs, n, study.failure is not None, len(cells(lhs))))
     return out
 
 
-def _continuous(i: int, text: str, lhs, rhs, n: int, rule: bool, cells: int) -> Reach:
+def _continuous(i: int, text: str, lhs, op: str, rhs, n: int, rule: bool, cells: int) -> Reach:
     """t-based claims: any p from 2 seeds; the exact fallback on bimodal or failure-split seeds."""
     if n < 2:
         return Reach(i, text, "t-test", 1.0, n, 2)
@@ -195,6 +196,13 @@ def _continuous(i: int, text: str, lhs, rhs, n: int, rule: bool, cells: int) -> 
         if rule:
             why = "not decided in a study with a failure rule (seeds may fail): claim a failure rate"
             return Reach(i, text, f"{lhs.kind} against a number", 1.0, n, None, why)
+        span = known_range(lhs.metric) if lhs.kind == "mean" else None
+        if span is not None and span[0] < rhs.value < span[1]:  # the distribution-free gate decides with it
+            share = (rhs.value - span[0]) / (span[1] - span[0])
+            worst = share if op in (">", ">=") else 1 - share  # every seed at the far end of the range
+            needs = _first(lambda m, w=worst: w**m <= ALPHA) if worst**n > ALPHA else None
+            return Reach(i, text, "one-sample t and the distribution-free bound", worst**n, n, needs,
+                         "not decided on bimodal or tied seeds")  # fmt: skip
         return Reach(i, text, "one-sample t" if lhs.kind == "mean" else "one-sample Yuen", 0.0, n, None,
                      "not decided on bimodal or tied seeds")  # fmt: skip
     if lhs.kind == "slope":  # permutations of each seed's values over its cells (at most one per x value)

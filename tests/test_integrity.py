@@ -411,3 +411,21 @@ def test_commands_started_together_share_files_without_tripping_each_other(tmp_p
     frame = curves.read("s", "k")
     assert len(frame) == 49 and frame["train_loss"].nunique() == 1
     assert [p.name for p in Path(folder, "curves", "s").iterdir()] == ["k.parquet"]
+
+
+def test_a_report_gives_up_on_an_unreachable_mlflow_server_in_seconds(base, tmp_path, monkeypatch):
+    """The report is written; logging it to a dead server fails after one retry (mlflow_http.HTTP_DEFAULTS), not
+    after MLflow's 7 retries with backoff (about two minutes), and says so in one warning."""
+    from typer.testing import CliRunner
+
+    from studyrunner.cli import app
+    from studyrunner.mlflow_http import HTTP_DEFAULTS
+
+    for name in HTTP_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
+    ws, out = copy_of(base, tmp_path), tmp_path / "out"
+    args = ["report", "base", "--workspace", str(ws), "--tracking-uri", "http://127.0.0.1:9", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0 and (out / "base-report.html").is_file(), result.output
+    assert "could not log the report to MLflow at http://127.0.0.1:9" in " ".join(result.output.split())
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "1" and os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "5"

@@ -23,9 +23,10 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from sqlalchemy import update
 
 from studyrunner.errors import StudyrunnerError
+from studyrunner.mlflow_http import HTTP_DEFAULTS
 from studyrunner.orchestrate.mlflow_guard import MlflowGuard
 from studyrunner.orchestrate.mlflow_sync import sync_mlflow
-from studyrunner.orchestrate.tracking import HTTP_DEFAULTS, Tracker
+from studyrunner.orchestrate.tracking import Tracker
 from studyrunner.store import CurveStore, Ledger
 from studyrunner.store.db import TrialRow
 from studyrunner.study import compile_study, loads

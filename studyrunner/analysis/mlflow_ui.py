@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
-from ..urls import has_password, mask_text, mask_url, without_password
+from ..mlflow_http import bound_http_retries
+from ..urls import mask_text, mask_url, without_password
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"  # MLflow's value for "machine learning / model training"
@@ -70,10 +71,8 @@ def log_study_run(tracking_uri: str, study: str, experiment_id: str | None, file
     store = Path(tracking_uri.removeprefix("sqlite:///")) if tracking_uri.startswith("sqlite:///") else None
     if store is not None and not (os.access(store, os.W_OK) and os.access(store.parent, os.W_OK)):
         raise StudyrunnerError(f"the MLflow store {str(store)!r} cannot be written (a read-only location)")
-    # MLflow prints "View run at: URL" (the URI as given, password and all) after a run it ends on a server
-    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-    if has_password(tracking_uri):
-        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    # A dead server fails the call in seconds, not minutes of retries; no "View run at: URL" lines (with a password)
+    bound_http_retries(tracking_uri)
     try:
         client = MlflowClient(tracking_uri)
         mark_training_experiment(client, experiment_id)

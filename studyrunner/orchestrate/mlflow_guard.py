@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..mlflow_http import bound_http_retries
 from ..urls import mask_text, mask_url
-from .tracking import bound_http_retries
 
 log = logging.getLogger(__name__)
 

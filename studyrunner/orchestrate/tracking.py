@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import sqlite3
 import subprocess
 import time
@@ -21,9 +20,10 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from .. import __version__
 from ..errors import StudyrunnerError
+from ..mlflow_http import bound_http_retries
 from ..store.lock import sqlite_file, stores_lock
 from ..study import Cell, Trial, flatten_config
-from ..urls import has_password, mask_text, mask_url
+from ..urls import mask_text, mask_url
 
 MAX_PARAM_LEN = 6000  # MLflow's limit for a param value
 # The ledger's trial status as an MLflow run status (the `status` tag says which of them it was).
@@ -35,27 +35,6 @@ RUN_STATUS = {
     "pending": "SCHEDULED",  # interrupted: it runs again on resume
     "running": "RUNNING",
 }
-# MLflow's HTTP client retries a failed request 7 times with exponential backoff and waits 120 s for each
-# answer: minutes per call against a dead server, while the driver waits. One immediate retry and a 5 s
-# timeout make a refused connection fail at once and a hung server within ~10 s (MlflowGuard then skips
-# MLflow for a while). Against a server MLflow also prints two "View run ... at: URL" lines on stdout for
-# every run it ends (each trial and cell, once per attempt): the study's summary links the UI instead.
-# The user's own settings of these variables win.
-HTTP_DEFAULTS = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
-    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
-}
-
-
-def bound_http_retries(uri: str | None = None) -> None:
-    """Apply HTTP_DEFAULTS for this process (MLflow reads them at every request). MLflow's "View run at: URL"
-    lines repeat the tracking URI as given: never for one with a password, whatever the user's setting."""
-    for name, value in HTTP_DEFAULTS.items():
-        os.environ.setdefault(name, value)
-    if uri and has_password(uri):
-        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
 
 
 def gone(exc: Exception) -> bool:

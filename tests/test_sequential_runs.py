@@ -95,8 +95,12 @@ def test_a_sequential_study_runs_waves_until_its_claims_are_decided_and_then_run
     # verify (and analyze) report the looks' decisions; the study's MLflow run holds them
     data = analysis_data.load("waves", workspace=tmp_path)
     verdicts = sequential.verify(data, holm=True)
-    assert [(v.verdict, v.verdict_holm, v.extra["look"]) for v in verdicts] == [("supported", "supported", 3)] * 2
+    assert [(v.verdict, v.extra["look"]) for v in verdicts] == [("supported", 3)] * 2
     assert all(v.p < 0.05 for v in verdicts)
+    # accuracies against a number: each p is the larger of the t-test's and the distribution-free gate's (here the
+    # gate's, 0.03-0.05 at 4 seeds near 0.33 against 0.15), so Holm over the two claims keeps neither
+    assert all(v.p_holm == min(1.0, 2 * min(w.p for w in verdicts)) for v in verdicts)
+    assert [v.verdict_holm for v in verdicts] == ["inconclusive"] * 2
     client = MlflowClient(ws.tracking_uri)
     experiment = client.get_experiment_by_name("waves").experiment_id
     (run_,) = client.search_runs([experiment], "tags.kind = 'study'")

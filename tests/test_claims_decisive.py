@@ -324,6 +324,10 @@ def test_validate_prints_the_smallest_p_each_claim_can_reach(tmp_path):
     )
     assert "claims[5]" in out and "one-sample t, any p" in out
     assert "claims[0] cannot be decided with 4 seeds; it needs 5" in result.stderr
+    # an accuracy compared between cells: seeds tied at its bound fall back to the exact test, which needs 5
+    flat = " ".join(result.stderr.split())
+    assert "claims[3]: seeds that tie at the metric's bound" in flat and "give it 5 seeds or more" in flat
+    assert flat.count("seeds that tie at the metric's bound") == 1  # not the failure-rate or number claims
     result = runner.invoke(app, ["plan", str(path)])
     assert result.exit_code == 0 and "exact McNemar test, smallest p 0.0625" in result.stdout
 

@@ -63,6 +63,9 @@ def _print_reach(compiled) -> None:
         out.print(f"  {r.line()}", markup=False, highlight=False, soft_wrap=True)
     warn([f"claims[{r.index}] cannot be decided with {r.seeds} seeds" + (f"; it needs {r.needs}" if r.needs else "")
           for r in reach if not r.reaches])  # fmt: skip
+    warn([f"claims[{r.index}]: seeds that tie at the metric's bound (all solved, exact match 1.0) go to the exact "
+          f"sign-flip test, which decides nothing below {r.tie_needs} seeds; with {r.seeds} a tie stays inconclusive: "
+          f"give it {r.tie_needs} seeds or more" for r in reach if r.tie_needs])  # fmt: skip
 
 
 def _sequential_line(compiled) -> str:

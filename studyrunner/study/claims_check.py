@@ -98,6 +98,9 @@ class Reach:
     seeds: int  # seeds a side (a cell's seeds, or the trials a failure rate counts)
     needs: int | None = None  # seeds a side from which the smallest p is below ALPHA (None: already)
     fallback: str = ""  # the exact test bimodal or failure-split seeds get instead, and its smallest p
+    # Seeds the fallback needs where it cannot decide with `seeds`, on a metric with a bound seeds can tie at
+    # (an exact match of 1.0): likely enough there to warn about before anything runs. None otherwise.
+    tie_needs: int | None = None
 
     @property
     def reaches(self) -> bool:
@@ -213,9 +216,11 @@ def _continuous(i: int, text: str, lhs, op: str, rhs, n: int, rule: bool, cells:
         return Reach(i, text, "CR2 t by seed", 0.0, n, None, fallback)
     flip = 0.5**n
     fallback = f"on bimodal, failure-split or tied seeds the exact sign-flip test: smallest p {flip:.3g}"
+    tie_needs = None
     if flip >= ALPHA:
         fallback += f", which decides nothing below {_first(lambda m: 0.5**m < ALPHA)} seeds"
-    return Reach(i, text, "paired t" if lhs.kind == "mean" else "paired Yuen", 0.0, n, None, fallback)
+        tie_needs = _first(lambda m: 0.5**m < ALPHA) if known_range(lhs.metric) is not None else None
+    return Reach(i, text, "paired t" if lhs.kind == "mean" else "paired Yuen", 0.0, n, None, fallback, tie_needs)
 
 
 def _first(below) -> int:

@@ -46,32 +46,23 @@ def location_vs_number(v: Verdict, rows: pd.DataFrame, q: Quantity, greater: boo
         return cannot_decide(v, q, irregular, against_number=True)
     res = one_sided_t(centre, se, df, v.alpha, c)
     v.extra["design"] = {"test": "t1" if q.kind == "mean" else "yuen1", "x": x, "null": c, "greater": greater}
-    if q.kind == "mean":
-        _gate(v, res, x, q.metric, c, greater)
+    gate_up, gate_down = _gate(v, res, x, q.metric, c, greater) if q.kind == "mean" else (0.0, 0.0)
     shifted(v, res, c)
-    return conclude(
-        v, greater, max(res["p_up"], v.extra.get("gate_up", 0.0)), max(res["p_down"], v.extra.get("gate_down", 0.0))
-    )
+    return conclude(v, greater, max(res["p_up"], gate_up), max(res["p_down"], gate_down))
 
 
-def _gate(v: Verdict, res: dict, x: np.ndarray, metric: str, c: float, greater: bool) -> None:
-    """The distribution-free gate (`bounded`) on a mean of a metric with a known range: a verdict needs both the
-    t-test and the gate, so its p is the larger of the two and its interval the union of theirs. A sequential
-    look reads `extra["gate"]`: it compares the t-test's p with its boundary and the gate's with ALPHA."""
+def _gate(v: Verdict, res: dict, x: np.ndarray, metric: str, c: float, greater: bool) -> tuple[float, float]:
+    """The distribution-free gate (`bounded`) on a mean of a metric with a known range: its p-values ("greater",
+    "less"; 0 where there is no gate). A verdict needs both the t-test and the gate, so its p is the larger of the
+    two and its interval (set here in `res`) the union of theirs. A sequential look reads `extra["gate"]`: it
+    compares the t-test's p with its boundary and the gate's with ALPHA; seeds needed read the range."""
     span = bounded.known_range(metric)
     if span is None or bounded.out_of_range(x, *span):
-        return
+        return 0.0, 0.0
     up, down = bounded.betting_p(x, c, True, *span), bounded.betting_p(x, c, False, *span)
     t_claimed, t_opposite = (res["p_up"], res["p_down"]) if greater else (res["p_down"], res["p_up"])
     claimed, opposite = (up, down) if greater else (down, up)
-    v.extra["gate"] = {
-        "t_claimed": t_claimed,
-        "t_opposite": t_opposite,
-        "claimed": claimed,
-        "opposite": opposite,
-        "span": span,
-    }
-    v.extra["gate_up"], v.extra["gate_down"] = up, down
+    v.extra["gate"] = {"t_claimed": t_claimed, "t_opposite": t_opposite, "claimed": claimed, "opposite": opposite}
     v.extra["design"]["span"] = span
     # The gate is anytime-valid, so a sequential look holds it at ALPHA itself while the t-test meets the look's
     # smaller nominal level (the level this verdict is evaluated at there): its bounds are at ALPHA or above.
@@ -84,6 +75,7 @@ def _gate(v: Verdict, res: dict, x: np.ndarray, metric: str, c: float, greater: 
             " a failure mode no seed has shown yet could still explain these seeds; more seeds, or a failure-rate"
             " claim, decide it"
         )
+    return up, down
 
 
 def _median_vs_number(v: Verdict, x: np.ndarray, greater: bool, c: float) -> Verdict:

@@ -172,9 +172,9 @@ def _with_gate(found: SeedsNeeded, design: dict, effect: float, alpha: float) ->
     too: its all-in bet grows by (m − lo) / (c − lo) a seed at a mean m = c + effect (the most it can grow on
     average), so it needs at least log(1/alpha) / log of that."""
     (lo, hi), c = design["span"], design["null"]
-    ratio = (c + effect - lo) / (c - lo) if effect > 0 else (hi - c - effect) / (hi - c)
-    if not (c - lo > 0 and hi - c > 0):
+    if not (c - lo > 0 and hi - c > 0):  # a number at or beyond the range: the gate decides at once
         return found
+    ratio = (c + effect - lo) / (c - lo) if effect > 0 else (hi - c - effect) / (hi - c)
     gate = math.ceil(math.log(1 / alpha) / math.log(ratio)) if ratio > 1 else None
     if gate is None or gate > MAX_SEEDS:
         found.per_side = None

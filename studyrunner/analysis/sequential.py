@@ -246,7 +246,8 @@ def _gate_futility(v: claims_module.Verdict, design: Design) -> tuple[None, str]
     were the seeds to come at the mean seen so far (non-binding, as `_futility`)."""
     if v.extra.get("gate") is None:
         return None
-    d, span = v.extra["design"], v.extra["gate"]["span"]
+    d = v.extra["design"]
+    span = d["span"]
     more = design.max - len(d["x"])
     ps = [bounded.projected_p(d["x"], d["null"], way, *span, more) for way in (True, False)]
     if min(ps) <= design.alpha:

@@ -14,13 +14,14 @@ from scipy import stats as sps
 from studyrunner.analysis import bounded, sequential
 from studyrunner.analysis import claims as claims_mod
 from studyrunner.analysis.data import StudyData, annotate
+from studyrunner.study.metric_range import known_range
 
 
 def test_ranges_are_known_for_accuracies_only():
     for name in ("eval_accuracy", "eval_exact_match", "eval_exact_match_budget_2", "eval_accuracy_loops_8"):
-        assert bounded.known_range(name) == (0.0, 1.0), name
+        assert known_range(name) == (0.0, 1.0), name
     for name in ("eval_loss", "eval_decode_bpc", "eval_loss_budget_4_front_rho", "score", "eval_accuracy_rho"):
-        assert bounded.known_range(name) is None, name
+        assert known_range(name) is None, name
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # t on identical prefixes: scipy says so

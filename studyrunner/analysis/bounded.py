@@ -25,10 +25,6 @@ import math
 
 import numpy as np
 
-from ..study.metric_range import known_range
-
-__all__ = ["betting_bound", "betting_p", "known_range", "out_of_range", "projected_p"]
-
 
 def betting_p(x: np.ndarray, c: float, greater: bool, lo: float, hi: float) -> float:
     """The anytime-valid p-value of "the mean is above c" (`greater`) or below it, over `x` in seed order."""

@@ -15,6 +15,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from ..study.claims_grammar import Quantity
+from ..study.metric_range import known_range
 from . import bounded, exact
 from .claims_evidence import STATISTICS, by_seed, deterministic, no_spread, statistic, tied, values_by_cell
 from .claims_verdict import ALPHA, Verdict, cannot_decide, conclude, exact_difference, randomised, shifted
@@ -56,7 +57,7 @@ def _gate(v: Verdict, res: dict, x: np.ndarray, metric: str, c: float, greater: 
     "less"; 0 where there is no gate). A verdict needs both the t-test and the gate, so its p is the larger of the
     two and its interval (set here in `res`) the union of theirs. A sequential look reads `extra["gate"]`: it
     compares the t-test's p with its boundary and the gate's with ALPHA; seeds needed read the range."""
-    span = bounded.known_range(metric)
+    span = known_range(metric)
     if span is None or bounded.out_of_range(x, *span):
         return 0.0, 0.0
     up, down = bounded.betting_p(x, c, True, *span), bounded.betting_p(x, c, False, *span)

@@ -218,8 +218,9 @@ def _continuous(i: int, text: str, lhs, op: str, rhs, n: int, rule: bool, cells:
     fallback = f"on bimodal, failure-split or tied seeds the exact sign-flip test: smallest p {flip:.3g}"
     tie_needs = None
     if flip >= ALPHA:
-        fallback += f", which decides nothing below {_first(lambda m: 0.5**m < ALPHA)} seeds"
-        tie_needs = _first(lambda m: 0.5**m < ALPHA) if known_range(lhs.metric) is not None else None
+        least = _first(lambda m: 0.5**m < ALPHA)
+        fallback += f", which decides nothing below {least} seeds"
+        tie_needs = least if known_range(lhs.metric) is not None else None
     return Reach(i, text, "paired t" if lhs.kind == "mean" else "paired Yuen", 0.0, n, None, fallback, tie_needs)
 
 

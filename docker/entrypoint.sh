@@ -152,6 +152,10 @@ role_worker() {
   local head="$HOST:$PORT"
   [[ $HOST == *:* ]] && head="[$HOST]:$PORT"
   wait_for_storage # trials write checkpoints there
+  # Ray's idle workers load the trainer before trials ask for them (studyrunner/orchestrate/warm_workers.py).
+  if [[ ${STUDYRUNNER_WARM_WORKERS:-1} != 0 ]]; then
+    export RAY_preload_python_modules=${RAY_preload_python_modules:-studyrunner.orchestrate.trainable}
+  fi
   run ray start --address="$head" --disable-usage-stats --block "$@"
 }
 

@@ -27,8 +27,9 @@ Reports before the final one (all carry "step"):
 - a heartbeat: `{"heartbeat": True}` after an optimizer step when nothing was reported for
   `heartbeat_s` seconds.
 
-The first report of an attempt, whatever it is, also carries `provenance` (studyrunner.provenance),
-`resumed_from_step` (0 = from scratch) and, as before, the runtime `facts`.
+The first report of an attempt, whatever it is, also carries `provenance` (studyrunner.provenance, with the
+worker process's pid and age: warm_workers.process_facts), `resumed_from_step` (0 = from scratch) and, as
+before, the runtime `facts`.
 
 Fault injection, for exercising all of this end to end (the driver reads the STUDYRUNNER_INJECT_*
 variables, orchestrate/faults.py, and passes each trial's faults in its payload):
@@ -61,6 +62,7 @@ from ..study.claims_grammar import Rule, parse_rule
 from ..train import run_trial
 from ..train.checkpoint import open_storage
 from ..train.outcomes import Diverged
+from .warm_workers import process_facts
 
 HEARTBEAT_S = 10.0
 KILL_MARKER = "injected-kill.marker"
@@ -228,7 +230,7 @@ class TuneReporter:
         # The attempt's facts go on its first report once the resume step is known (the trainer says
         # so before any record), or on its final report if it never got that far.
         if self._first and (self.resumed_from is not None or result.get("final")):
-            result["provenance"] = provenance()
+            result["provenance"] = {**provenance(), **process_facts()}
             result["resumed_from_step"] = self.resumed_from or 0
             self._first = False
         if self.pending_facts:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from ..errors import StudyrunnerError
 from .signals import sigterm_handler_kept
+from .warm_workers import system_config
 
 LOOPBACK = "127.0.0.1"
 AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -106,7 +107,7 @@ def _start_embedded(num_cpus: int | None, kwargs: dict) -> None:
     temp_dir = private_temp_dir()
     _use_token(_token_file(temp_dir))
     with _single_machine_mode():
-        ray.init(num_cpus=num_cpus, _temp_dir=str(temp_dir), **kwargs)
+        ray.init(num_cpus=num_cpus, _temp_dir=str(temp_dir), _system_config=system_config(), **kwargs)
     node = ray.util.get_node_ip_address()
     if node != LOOPBACK:
         raise StudyrunnerError(

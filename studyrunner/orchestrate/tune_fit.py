@@ -14,6 +14,7 @@ from .recorder import Recorder
 from .run_types import RunOptions
 from .submission import HEARTBEAT_S
 from .teachers import teacher_key
+from .warm_workers import tune_actors_on_warm_workers
 
 
 def trial_payloads(study, to_run, workspace: Workspace, teachers: dict | None = None) -> list[dict]:
@@ -122,7 +123,7 @@ def fit_trials(
             failure_config=tune.FailureConfig(max_failures=retries),
         ),
     )
-    with progress:
+    with progress, tune_actors_on_warm_workers():
         tuner.fit()
     # Trials Tune did not finish (Ctrl-C, `cancel`, a cluster that went away) are released by the
     # submission: pending (or cancelled) in the ledger, and so in MLflow (recorder.abandon).

@@ -1,0 +1,73 @@
+"""Trial workers that are warm before a study asks for them.
+
+A Tune trial's actor is a Ray worker process. Started cold, it imports torch, Ray Tune and the trainer
+(~2.5 s on an idle core of the project's VM) before its first step, once per slot and submit; a study of
+a few seconds a trial loses a fifth of its wall time to that (benchmarks/utilisation.py).
+
+Ray starts one idle Python worker per CPU when it starts, and its `preload_python_modules` setting
+(experimental, Ray >= 2.4: https://github.com/ray-project/ray/pull/33572) makes every Python worker import
+the listed modules before it takes work. The embedded Ray is started with the trainable in that list
+(`system_config`, used by ray_runtime.py), so its idle workers load the trainer while the driver registers
+the study and opens MLflow, and the trial actors find it loaded. On a cluster the same setting is an
+environment variable of `ray start`: `RAY_preload_python_modules=studyrunner.orchestrate.trainable`
+(docs/guide/clusters.md). `STUDYRUNNER_WARM_WORKERS=0` turns it off (each idle worker then stays at
+Ray's ~60 MB instead of holding torch, ~300 MB).
+
+An actor lands on one of those idle workers only if its runtime environment is theirs, i.e. empty. Ray
+Tune gives every trainable's actor class `env_vars: {PL_DISABLE_FORK: "1"}` (ray/tune/execution/
+class_cache.py, a PyTorch Lightning fix: https://github.com/ray-project/ray/issues/28197), which sends every
+trial actor to a new, cold process. studyrunner trains without Lightning, so `tune_actors_on_warm_workers`
+leaves that variable out while a study's Tune run creates its actors. The variables Tune copies from the
+driver's environment (cloud credentials, Ray Train's settings) still go with the actors, which then start
+cold, as before; so does everything on a Ray whose Tune lacks that table.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+PRELOAD = ("studyrunner.orchestrate.trainable",)
+LIGHTNING_ONLY = ("PL_DISABLE_FORK",)
+SWITCH = "STUDYRUNNER_WARM_WORKERS"
+
+
+def enabled() -> bool:
+    return os.environ.get(SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def system_config() -> dict[str, list[str]]:
+    """Ray's `_system_config` for the embedded Ray: its Python workers load the trainer as they start."""
+    return {"preload_python_modules": list(PRELOAD)} if enabled() else {}
+
+
+@contextmanager
+def tune_actors_on_warm_workers() -> Iterator[None]:
+    """While inside, Ray Tune creates trainable actors without the Lightning-only environment variable, so
+    they can take Ray's idle (preloaded) workers."""
+    try:
+        from ray.tune.execution import class_cache
+
+        defaults = class_cache.DEFAULT_ENV_VARS
+    except (ImportError, AttributeError):  # another Ray: its trial actors start cold, as they always did
+        yield
+        return
+    dropped = {name: defaults.pop(name) for name in LIGHTNING_ONLY if name in defaults} if enabled() else {}
+    try:
+        yield
+    finally:
+        defaults.update(dropped)
+
+
+def process_facts() -> dict[str, str]:
+    """The worker process an attempt ran in: its pid, and how long it had been up when the attempt began
+    (seconds: a warm worker's age counts from before the study; a cold one's is its start-up)."""
+    try:
+        import psutil
+
+        age = time.time() - psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - psutil missing or no /proc: the pid alone
+        return {"pid": str(os.getpid())}
+    return {"pid": str(os.getpid()), "process_age_s": f"{age:.2f}"}

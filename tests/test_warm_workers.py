@@ -1,0 +1,73 @@
+"""Warm trial workers (orchestrate/warm_workers.py): the embedded Ray's idle workers import the trainer as they
+start, and Tune's trial actors land on them instead of on new, cold processes (issue 22, item 5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import TINY_STUDY
+from test_faults import wait_for
+
+from studyrunner.orchestrate import ensure_ray, submit
+from studyrunner.orchestrate.ray_runtime import ray_session_dir
+from studyrunner.orchestrate.submission import _processes_of
+from studyrunner.orchestrate.warm_workers import system_config, tune_actors_on_warm_workers
+from studyrunner.store import Ledger
+from studyrunner.study import compile_study, loads
+from studyrunner.workspace import Workspace
+
+
+@pytest.fixture(scope="module")
+def fresh_ray():
+    import ray
+
+    assert not ray.is_initialized()
+    ensure_ray(num_cpus=2)
+    yield ray_session_dir()
+    ray.shutdown()
+
+
+def idle_workers_holding_torch(session_dir: str) -> set[int]:
+    """Ray's idle Python workers of this session (`ray::IDLE`) that have torch mapped in."""
+    found = set()
+    for pid in _processes_of(session_dir):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            maps = Path(f"/proc/{pid}/maps").read_text(errors="replace")
+        except OSError:
+            continue
+        if cmdline.startswith(b"ray::IDLE") and "libtorch" in maps:
+            found.add(pid)
+    return found
+
+
+def test_trials_run_on_idle_workers_that_loaded_the_trainer_before_the_study(fresh_ray, tmp_path):
+    warm = wait_for(lambda: idle_workers_holding_torch(fresh_ray), timeout=120, what="a warm idle worker")
+    ws = Workspace.resolve(tmp_path)
+    compiled = compile_study(loads(TINY_STUDY.replace("seeds: [0, 1]", "seeds: [0]")))
+    result = submit(compiled, ws, show_progress=False, max_concurrent=1)
+    assert len(result.succeeded) == 2
+    ledger = Ledger(ws.db_url)
+    attempts = [a for r in ledger.trials("tiny") for a in ledger.attempts(r.trial_key)]
+    assert {int(a.provenance["pid"]) for a in attempts} <= warm  # the processes that were there, warm, before
+    assert all(float(a.provenance["process_age_s"]) > 0 for a in attempts)
+
+
+def test_tune_actor_classes_leave_out_the_lightning_variable_only_while_inside():
+    from ray.tune.execution import class_cache
+
+    assert class_cache.DEFAULT_ENV_VARS.get("PL_DISABLE_FORK") == "1"  # this Ray's Tune still sets it
+    with tune_actors_on_warm_workers():
+        assert "PL_DISABLE_FORK" not in class_cache.DEFAULT_ENV_VARS
+    assert class_cache.DEFAULT_ENV_VARS.get("PL_DISABLE_FORK") == "1"
+
+
+def test_the_switch_turns_both_off(monkeypatch):
+    from ray.tune.execution import class_cache
+
+    assert system_config() == {"preload_python_modules": ["studyrunner.orchestrate.trainable"]}
+    monkeypatch.setenv("STUDYRUNNER_WARM_WORKERS", "0")
+    assert system_config() == {}
+    with tune_actors_on_warm_workers():
+        assert class_cache.DEFAULT_ENV_VARS.get("PL_DISABLE_FORK") == "1"

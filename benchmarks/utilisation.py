@@ -11,7 +11,13 @@ at a time). Everything a study does runs: ledger, MLflow (SQLite), Parquet curve
 
     utilisation = sum of the trials' train_time_s (the trainer's timed steps) / (submit wall x slots)
 
-and the fixed cost per trial = (submit wall x slots - sum train_time_s) / N, split using the ledger's
+The Ray is started before the submit, and the submit waits until Ray's idle workers are done preloading the
+trainer (orchestrate/warm_workers.py): a submit to a Ray that has been up a while, as on a cluster. The same
+study is then run with cold workers (`STUDYRUNNER_WARM_WORKERS=0`), and, outside the tiny size, `studyrunner
+submit` as a user runs it, in a new process that starts and stops its own Ray, warm and cold: its utilisation
+counts the command's whole wall time.
+
+The fixed cost per trial = (submit wall x slots - sum train_time_s) / N, split using the ledger's
 timestamps (attempts.started_at/ended_at are the driver's clock when Tune started the trial and when
 its final report was recorded) into:
 - before the first trial: driver start-up (register, MLflow experiment and parent runs, Tune start,
@@ -28,12 +34,16 @@ from __future__ import annotations
 
 import copy
 import io
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -195,8 +205,62 @@ def _assign_slots(spans: list[tuple[float, float]], slots: int) -> list[list[tup
     return lanes
 
 
-def run_study(steps: int, trials: int) -> dict[str, Any]:
-    """Submit the study to a local Ray with SLOTS CPUs; the ledger's view of it."""
+@contextmanager
+def warm_workers(on: bool) -> Iterator[None]:
+    """Ray's idle workers preloaded and taken by the trial actors (orchestrate/warm_workers.py), or not."""
+    from studyrunner.orchestrate.warm_workers import SWITCH
+
+    before = os.environ.get(SWITCH)
+    os.environ[SWITCH] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SWITCH, None)
+        else:
+            os.environ[SWITCH] = before
+
+
+def settle_idle_workers(workers: int = SLOTS, timeout: float = 60.0) -> float:
+    """Wait until Ray has `workers` idle workers (`ray::IDLE`) that used no CPU for half a second: started and
+    done preloading, as on a Ray that has been up a while. Seconds waited."""
+    import psutil
+
+    from studyrunner.orchestrate.ray_runtime import ray_session_dir
+    from studyrunner.orchestrate.submission import _processes_of
+
+    session = ray_session_dir()
+
+    def idle() -> tuple[int, float]:  # of this Ray only: the previous study's may still be going away
+        count, cpu = 0, 0.0
+        for pid in _processes_of(session) if session else ():
+            try:
+                proc = psutil.Process(pid)
+                if proc.cmdline()[:1] and proc.cmdline()[0].startswith("ray::IDLE"):
+                    times = proc.cpu_times()
+                    count, cpu = count + 1, cpu + times.user + times.system
+            except psutil.Error:
+                continue
+        return count, cpu
+
+    started = time.perf_counter()
+    before = idle()
+    while time.perf_counter() - started < timeout:
+        time.sleep(0.5)
+        now = idle()
+        if now[0] >= workers and now == before:
+            break
+        before = now
+    return time.perf_counter() - started
+
+
+def run_study(steps: int, trials: int, warm: bool = True) -> dict[str, Any]:
+    """Submit the study to a local Ray with SLOTS CPUs (warm workers or not); the ledger's view of it."""
+    with warm_workers(warm):
+        return {"warm_workers": warm, **_run_study(steps, trials)}
+
+
+def _run_study(steps: int, trials: int) -> dict[str, Any]:
     from rich.console import Console
 
     from studyrunner.orchestrate import ensure_ray, submit
@@ -210,6 +274,7 @@ def run_study(steps: int, trials: int) -> dict[str, Any]:
 
     already = ray.is_initialized()
     ray_start_s, started_ray = timed(ensure_ray, num_cpus=SLOTS)
+    settle_s = settle_idle_workers()
     cpus = ray.cluster_resources().get("CPU")
     try:
         with tempfile.TemporaryDirectory(prefix="sr-bench-platform-") as folder:
@@ -247,6 +312,7 @@ def run_study(steps: int, trials: int) -> dict[str, Any]:
         "ray_cpus": cpus,
         "ray_already_running": already,
         "ray_start_s": ray_start_s,
+        "idle_workers_settled_after_s": settle_s,  # then the submit starts: a Ray that has been up a while
         "new_workspace_stores_s": stores_s,
         "submit_wall_s": wall,
         "submit_fit_wall_s": result.wall_time_s,  # runner's own clock: Ray Tune fit and recording only
@@ -269,10 +335,35 @@ def run_study(steps: int, trials: int) -> dict[str, Any]:
             else None,
         },
         "first_trial_started_after_s": min(s for s, _ in spans) if spans else None,
+        # A worker older than the submit was one of Ray's idle, preloaded ones (orchestrate/warm_workers.py).
+        "attempts_on_warm_workers": sum(
+            float((a.provenance or {}).get("process_age_s", 0.0)) > secs(a.started_at) for a in attempts
+        ),
+        "attempts": len(attempts),
         "attempt_spans_s": [round(e - s, 3) for s, e in sorted(spans)],
         "gaps_between_attempts_s": [round(g, 3) for g in gaps],
         "train_time_s": [round(t, 3) for t in train],
     }
+
+
+def run_cli(steps: int, trials: int, warm: bool) -> dict[str, Any]:
+    """`studyrunner submit` of the study as a user runs it: a new process on a new workspace, which starts the
+    embedded Ray (all of this machine's cores) and stops it. Utilisation over the command's whole wall time."""
+    from studyrunner.orchestrate.warm_workers import SWITCH
+    from studyrunner.store import Ledger
+
+    slots = os.cpu_count() or SLOTS
+    with tempfile.TemporaryDirectory(prefix="sr-bench-cli-") as folder:
+        study = Path(folder) / "study.yaml"
+        study.write_text(study_text(steps, trials))
+        command = [sys.executable, "-m", "studyrunner", "submit", str(study), "--workspace", folder, "--no-progress"]
+        env = {**os.environ, SWITCH: "1" if warm else "0"}
+        wall, _ = timed(subprocess.run, command, env=env, capture_output=True, check=True, timeout=1800)
+        ledger = Ledger(f"sqlite:///{folder}/ledger.db", create=False)
+        train = [float((r.metrics or {}).get("train_time_s") or 0.0) for r in ledger.trials("platform-bench")]
+        ledger.engine.dispose()
+    return {"warm_workers": warm, "slots": slots, "command_wall_s": wall, "train_time_s_sum": sum(train),
+            "utilisation": sum(train) / (wall * slots)}  # fmt: skip
 
 
 def measure(quick: bool = True, tiny: bool = False, repeats: int = 1) -> dict[str, Any]:
@@ -280,6 +371,8 @@ def measure(quick: bool = True, tiny: bool = False, repeats: int = 1) -> dict[st
     ms = calibrate_ms_per_step(10 if tiny else 30)
     steps = max(4, round(1000 * train_s / ms))
     studies = [run_study(steps, n_trials) for _ in range(max(1, repeats))]
+    cold = [] if tiny else [run_study(steps, n_trials, warm=False) for _ in range(max(1, repeats))]
+    commands = [] if tiny else [run_cli(steps, n_trials, w) for _ in range(max(1, repeats)) for w in (True, False)]
     pieces = trial_pieces(steps, piece_repeats)
     imports = {"import_torch_s": [fresh_import_s("torch") for _ in range(piece_repeats)]}
     if not tiny:  # ~5 s a time on 2 cores
@@ -297,6 +390,16 @@ def measure(quick: bool = True, tiny: bool = False, repeats: int = 1) -> dict[st
         ),
         "platform_fixed_cost_per_trial_s": figure([s["fixed_cost_per_trial_s"] for s in studies], "s"),
     }
+    if cold:
+        figures["platform_utilisation_cold_workers"] = figure(
+            [s["utilisation"] for s in cold], "fraction", note="STUDYRUNNER_WARM_WORKERS=0: trial actors start cold"
+        )
+    for warm in (True, False) if commands else ():
+        figures[f"command_utilisation_{'warm' if warm else 'cold'}_workers"] = figure(
+            [c["utilisation"] for c in commands if c["warm_workers"] == warm],
+            "fraction",
+            note="`studyrunner submit` in a new process, its embedded Ray's start and stop included",
+        )
     for name in split_names:
         values = [s["split_per_trial_s"][name] for s in studies if s["split_per_trial_s"][name] is not None]
         if values:
@@ -311,6 +414,8 @@ def measure(quick: bool = True, tiny: bool = False, repeats: int = 1) -> dict[st
             "steps_per_trial": steps,
             "eval_examples": EVAL_EXAMPLES,
             "studies": studies,
+            "studies_cold_workers": cold,
+            "commands": commands,
         },
     }
 

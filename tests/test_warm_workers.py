@@ -52,6 +52,20 @@ def test_trials_run_on_idle_workers_that_loaded_the_trainer_before_the_study(fre
     attempts = [a for r in ledger.trials("tiny") for a in ledger.attempts(r.trial_key)]
     assert {int(a.provenance["pid"]) for a in attempts} <= warm  # the processes that were there, warm, before
     assert all(float(a.provenance["process_age_s"]) > 0 for a in attempts)
+    # ... and train as a cold process does: the same final metrics as the trainer run here, on one thread.
+    import torch
+
+    from studyrunner.train import MemoryReporter, run_trial
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for row in ledger.trials("tiny"):
+            trial = next(t for t in compiled.trials if t.trial_key == row.trial_key)
+            final = run_trial(trial.config, trial.seed, MemoryReporter())
+            assert final["eval_loss"] == row.metrics["eval_loss"], trial.cell
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_tune_actor_classes_leave_out_the_lightning_variable_only_while_inside():
@@ -66,7 +80,7 @@ def test_tune_actor_classes_leave_out_the_lightning_variable_only_while_inside()
 def test_the_switch_turns_both_off(monkeypatch):
     from ray.tune.execution import class_cache
 
-    assert system_config() == {"preload_python_modules": ["studyrunner.orchestrate.trainable"]}
+    assert system_config()["preload_python_modules"] == ["studyrunner.orchestrate.trainable", "torch._dynamo"]
     monkeypatch.setenv("STUDYRUNNER_WARM_WORKERS", "0")
     assert system_config() == {}
     with tune_actors_on_warm_workers():

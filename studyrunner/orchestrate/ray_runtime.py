@@ -47,6 +47,9 @@ _token: Path | None = None  # this process's token file
 def quiet_ray_env() -> None:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_MAX_PENDING_TRIALS_PG", "auto")
+    # Tune's own result files (result.json, progress.csv, TensorBoard events per trial) would repeat what the
+    # ledger, the Parquet curves and MLflow hold, written by the driver for every report.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     # Tune's end-of-run advice (Tuner.restore, missing result files of unstarted trials) is not how a
     # study resumes: resubmitting the study file is. The CLI says so itself.
     for name in ("ray.tune.tune", "ray.tune.analysis.experiment_analysis"):

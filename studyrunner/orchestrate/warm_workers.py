@@ -10,7 +10,8 @@ the listed modules before it takes work. The embedded Ray is started with the tr
 (`system_config`, used by ray_runtime.py), so its idle workers load the trainer while the driver registers
 the study and opens MLflow, and the trial actors find it loaded. On a cluster the same setting is an
 environment variable of `ray start`: `RAY_preload_python_modules=studyrunner.orchestrate.trainable`
-(docs/guide/clusters.md). `STUDYRUNNER_WARM_WORKERS=0` turns it off (each idle worker then stays at
+(docs/guide/clusters.md), with `RAY_idle_worker_killing_time_threshold_ms=60000` so that Ray keeps them until
+they are asked for. `STUDYRUNNER_WARM_WORKERS=0` turns it off (each idle worker then stays at
 Ray's ~60 MB instead of holding torch, ~300 MB).
 
 An actor lands on one of those idle workers only if its runtime environment is theirs, i.e. empty. Ray
@@ -29,8 +30,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-PRELOAD = ("studyrunner.orchestrate.trainable",)
+# torch.optim's first optimizer imports torch._dynamo (~1.1 s on an idle core here): every trial builds one.
+PRELOAD = ("studyrunner.orchestrate.trainable", "torch._dynamo")
 LIGHTNING_ONLY = ("PL_DISABLE_FORK",)
+# Ray ends an idle worker it counts as surplus after 1 s; while Tune reserves the CPUs for its trials that
+# took the preloaded workers away just before the trial actors asked for them (2 of 5 submits here).
+IDLE_KEPT_MS = 60_000
 SWITCH = "STUDYRUNNER_WARM_WORKERS"
 
 
@@ -40,7 +45,9 @@ def enabled() -> bool:
 
 def system_config() -> dict[str, list[str]]:
     """Ray's `_system_config` for the embedded Ray: its Python workers load the trainer as they start."""
-    return {"preload_python_modules": list(PRELOAD)} if enabled() else {}
+    if not enabled():
+        return {}
+    return {"preload_python_modules": list(PRELOAD), "idle_worker_killing_time_threshold_ms": IDLE_KEPT_MS}
 
 
 @contextmanager

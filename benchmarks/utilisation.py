@@ -335,9 +335,11 @@ def _run_study(steps: int, trials: int) -> dict[str, Any]:
             else None,
         },
         "first_trial_started_after_s": min(s for s, _ in spans) if spans else None,
-        # A worker older than the submit was one of Ray's idle, preloaded ones (orchestrate/warm_workers.py).
+        # A worker that started before the submit was one of Ray's idle, preloaded ones (warm_workers.py).
         "attempts_on_warm_workers": sum(
-            float((a.provenance or {}).get("process_age_s", 0.0)) > secs(a.started_at) for a in attempts
+            secs(datetime.fromisoformat(a.provenance["process_started_at"])) < 0
+            for a in attempts
+            if "process_started_at" in (a.provenance or {})
         ),
         "attempts": len(attempts),
         "attempt_spans_s": [round(e - s, 3) for s, e in sorted(spans)],

@@ -3,6 +3,7 @@ start, and Tune's trial actors land on them instead of on new, cold processes (i
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -46,11 +47,13 @@ def test_trials_run_on_idle_workers_that_loaded_the_trainer_before_the_study(fre
     warm = wait_for(lambda: idle_workers_holding_torch(fresh_ray), timeout=120, what="a warm idle worker")
     ws = Workspace.resolve(tmp_path)
     compiled = compile_study(loads(TINY_STUDY.replace("seeds: [0, 1]", "seeds: [0]")))
+    submitted = datetime.now(UTC)
     result = submit(compiled, ws, show_progress=False, max_concurrent=1)
     assert len(result.succeeded) == 2
     ledger = Ledger(ws.db_url)
     attempts = [a for r in ledger.trials("tiny") for a in ledger.attempts(r.trial_key)]
     assert {int(a.provenance["pid"]) for a in attempts} <= warm  # the processes that were there, warm, before
+    assert all(datetime.fromisoformat(a.provenance["process_started_at"]) < submitted for a in attempts)
     assert all(float(a.provenance["process_age_s"]) > 0 for a in attempts)
     # ... and train as a cold process does: the same final metrics as the trainer run here, on one thread.
     import torch

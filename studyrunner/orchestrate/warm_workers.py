@@ -29,6 +29,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 
 # torch.optim's first optimizer imports torch._dynamo (~1.1 s on an idle core here): every trial builds one.
 PRELOAD = ("studyrunner.orchestrate.trainable", "torch._dynamo")
@@ -69,12 +70,16 @@ def tune_actors_on_warm_workers() -> Iterator[None]:
 
 
 def process_facts() -> dict[str, str]:
-    """The worker process an attempt ran in: its pid, and how long it had been up when the attempt began
-    (seconds: a warm worker's age counts from before the study; a cold one's is its start-up)."""
+    """The worker process an attempt ran in: its pid, when it started (UTC, ISO 8601: before the submit for a
+    warm worker) and how long it had been up when the attempt first reported (seconds)."""
     try:
         import psutil
 
-        age = time.time() - psutil.Process().create_time()
+        started = psutil.Process().create_time()
     except Exception:  # noqa: BLE001 - psutil missing or no /proc: the pid alone
         return {"pid": str(os.getpid())}
-    return {"pid": str(os.getpid()), "process_age_s": f"{age:.2f}"}
+    return {
+        "pid": str(os.getpid()),
+        "process_started_at": datetime.fromtimestamp(started, UTC).isoformat(timespec="milliseconds"),
+        "process_age_s": f"{time.time() - started:.2f}",
+    }

@@ -30,6 +30,8 @@ PROVENANCE_KEYS = {
     "python_version",
     "host",
 }
+# An attempt's first report adds the worker process (orchestrate/warm_workers.process_facts).
+ATTEMPT_PROVENANCE_KEYS = PROVENANCE_KEYS | {"pid", "process_started_at", "process_age_s"}
 
 
 def cell(**train):
@@ -69,7 +71,7 @@ def test_success_ends_with_one_final_report():
     assert strip(final["metrics"]) == strip(run_trial(cell(), 0))
     first = sent[0]  # the attempt's facts ride on its first report
     assert first["step"] == 0 and first["metrics"]["effective_depth"] == 2
-    assert first["resumed_from_step"] == 0 and set(first["provenance"]) == PROVENANCE_KEYS
+    assert first["resumed_from_step"] == 0 and set(first["provenance"]) == ATTEMPT_PROVENANCE_KEYS
     assert first["facts"]["device"] == "cpu"
     assert all("provenance" not in r and "facts" not in r for r in sent[1:])
     assert [r["step"] for r in sent if "metrics" in r and not r["final"]] == [0, 4, 6, 8, 12]

@@ -37,11 +37,11 @@ LIGHTNING_ONLY = ("PL_DISABLE_FORK",)
 # Ray ends an idle worker it counts as surplus after 1 s; while Tune reserves the CPUs for its trials that
 # took the preloaded workers away just before the trial actors asked for them (2 of 5 submits here).
 IDLE_KEPT_MS = 60_000
-SWITCH = "STUDYRUNNER_WARM_WORKERS"
+SWITCH = "STUDYRUNNER_WARM_WORKERS"  # read by `enabled`
 
 
 def enabled() -> bool:
-    return os.environ.get(SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    return os.environ.get("STUDYRUNNER_WARM_WORKERS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def system_config() -> dict[str, list[str]]:

@@ -10,6 +10,7 @@ import pytest
 from conftest import TINY_STUDY
 from test_faults import wait_for
 
+from studyrunner.errors import StudyrunnerError
 from studyrunner.orchestrate import ensure_ray, submit
 from studyrunner.orchestrate.ray_runtime import ray_session_dir
 from studyrunner.orchestrate.submission import _processes_of
@@ -88,3 +89,6 @@ def test_the_switch_turns_both_off(monkeypatch):
     assert system_config() == {}
     with tune_actors_on_warm_workers():
         assert class_cache.DEFAULT_ENV_VARS.get("PL_DISABLE_FORK") == "1"
+    monkeypatch.setenv("STUDYRUNNER_WARM_WORKERS", "maybe")
+    with pytest.raises(StudyrunnerError, match="STUDYRUNNER_WARM_WORKERS='maybe' is neither on nor off"):
+        system_config()

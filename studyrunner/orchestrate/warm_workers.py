@@ -1,15 +1,16 @@
 """Trial workers that are warm before a study asks for them.
 
 A Tune trial's actor is a Ray worker process. Started cold, it imports torch, Ray Tune and the trainer
-(~2.5 s on an idle core of the project's VM) before its first step, once per slot and submit; a study of
-a few seconds a trial loses a fifth of its wall time to that (benchmarks/utilisation.py).
+(~2.5 s on an idle core of the project's VM), and its first optimizer imports torch._dynamo (~1.1 s), once
+per slot and submit; a study of a few seconds a trial lost a fifth of its wall time to that
+(benchmarks/utilisation.py; docs/performance.md has the figures).
 
 Ray starts one idle Python worker per CPU when it starts, and its `preload_python_modules` setting
 (experimental, Ray >= 2.4: https://github.com/ray-project/ray/pull/33572) makes every Python worker import
-the listed modules before it takes work. The embedded Ray is started with the trainable in that list
+the listed modules before it takes work. The embedded Ray is started with both in that list
 (`system_config`, used by ray_runtime.py), so its idle workers load the trainer while the driver registers
 the study and opens MLflow, and the trial actors find it loaded. On a cluster the same setting is an
-environment variable of `ray start`: `RAY_preload_python_modules=studyrunner.orchestrate.trainable`
+environment variable of `ray start`: `RAY_preload_python_modules=studyrunner.orchestrate.trainable,torch._dynamo`
 (docs/guide/clusters.md), with `RAY_idle_worker_killing_time_threshold_ms=60000` so that Ray keeps them until
 they are asked for. `STUDYRUNNER_WARM_WORKERS=0` turns it off (each idle worker then stays at
 Ray's ~60 MB instead of holding torch, ~300 MB).
@@ -50,7 +51,7 @@ def enabled() -> bool:
     return value in ON
 
 
-def system_config() -> dict[str, list[str]]:
+def system_config() -> dict[str, object]:
     """Ray's `_system_config` for the embedded Ray: its Python workers load the trainer as they start."""
     if not enabled():
         return {}

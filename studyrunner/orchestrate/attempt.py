@@ -28,7 +28,7 @@ Reports before the final one (all carry "step"):
   `heartbeat_s` seconds.
 
 The first report of an attempt, whatever it is, also carries `provenance` (studyrunner.provenance, with the
-worker process's pid and age: warm_workers.process_facts), `resumed_from_step` (0 = from scratch) and, as
+worker process's pid, start time and age: warm_workers.process_facts), `resumed_from_step` (0 = from scratch) and, as
 before, the runtime `facts`.
 
 Fault injection, for exercising all of this end to end (the driver reads the STUDYRUNNER_INJECT_*

@@ -7,6 +7,13 @@ class StudyrunnerError(Exception):
     exit_code = 1
 
 
+class UsageError(StudyrunnerError):
+    """A command-line value that cannot be read (a `--where` filter, a seed list, a URL written wrong): exit 2,
+    as click's own usage errors."""
+
+    exit_code = 2
+
+
 class SpecError(StudyrunnerError):
     """A study file that cannot be loaded, validated or compiled."""
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .errors import StudyrunnerError
+from .errors import UsageError
 from .store import CurveStore, Ledger
 from .study import flatten_config
 from .study.claims_grammar import KEYWORDS, BoolOp, Compare, GrammarError, Not, Rule, parse_rule, tokenize
@@ -151,7 +151,7 @@ def filter_where(df: pd.DataFrame, where: str, option: str = "where") -> pd.Data
     (`eval_accuracy`, `seed`, `model.params.loops`) or a unique dotted suffix (`loops`, `params.loops`).
     A row lacking a value for any name in `where` does not match, whatever the rule says (`not`
     included): a study without that field or a trial without that metric is not an answer.
-    Errors are one-line StudyrunnerErrors beginning with `option` (the CLI passes "--where")."""
+    Errors are one-line UsageErrors (exit 2) beginning with `option` (the CLI passes "--where")."""
     rule, written = _parse_where(where, option)
     columns = {name: resolve_column(df, name, option) for name in written}
     rule = Rule(_renamed(rule.expr, columns), rule.text)
@@ -173,8 +173,8 @@ def resolve_column(df: pd.DataFrame, name: str, option: str = "where") -> str:
     if len(found) == 1:
         return _numeric_column(df, found[0], option)
     if found:
-        raise StudyrunnerError(f"{option}: {name!r} is ambiguous; write one of: {', '.join(found)}")
-    raise StudyrunnerError(f"{option}: no column {name!r} in the results{_close_names(df, name)}")
+        raise UsageError(f"{option}: {name!r} is ambiguous; write one of: {', '.join(found)}")
+    raise UsageError(f"{option}: no column {name!r} in the results{_close_names(df, name)}")
 
 
 def _close_names(df: pd.DataFrame, name: str) -> str:
@@ -196,9 +196,7 @@ def _numeric_column(df: pd.DataFrame, column: str, option: str) -> str:
     match nothing."""
     values = df[column].dropna()
     if len(values) and not _holds_numbers(values):
-        raise StudyrunnerError(
-            f"{option}: {column!r} holds no numbers; compare a metric or a numeric config field or seed"
-        )
+        raise UsageError(f"{option}: {column!r} holds no numbers; compare a metric or a numeric config field or seed")
     return column
 
 
@@ -256,9 +254,9 @@ def _stand_in(dotted: str, taken: set[str]) -> str:
     raise AssertionError(f"no stand-in for {dotted!r}")  # 63 fills against the few names of one rule
 
 
-def _where_error(exc: GrammarError, option: str, text: str, back: dict[str, str]) -> StudyrunnerError:
+def _where_error(exc: GrammarError, option: str, text: str, back: dict[str, str]) -> UsageError:
     message = re.sub(r"[A-Za-z_][A-Za-z0-9_]*", lambda m: back.get(m.group(), m.group()), exc.message)
-    return StudyrunnerError(f"{option}: position {exc.position}: {message} (in {text!r})")
+    return UsageError(f"{option}: position {exc.position}: {message} (in {text!r})")
 
 
 def _renamed(node: Any, names: dict[str, str]) -> Any:

@@ -104,6 +104,8 @@ def passwords(*urls: str | None) -> list[str]:
         except Exception:  # noqa: BLE001 - an unparsable URL: what the patterns found
             pass
         found.update(s for secret in secrets if secret for s in (secret, unquote(secret)))
+        # A password with a raw '@' is read short by a driver, which then quotes the rest as a host name.
+        found.update(piece for secret in list(found) for piece in re.split(r"[@/?#]", secret) if piece)
     return sorted(found, key=len, reverse=True)
 
 
@@ -123,6 +125,55 @@ def mask_text(text: str, *urls: str | None) -> str:
         return text
     except Exception:  # noqa: BLE001
         return "<text hidden: it could not be checked for passwords>"
+
+
+# Characters a password cannot hold as they are in a URL: each ends the user part (or the host) early, so the
+# driver reads a wrong password and a piece of it as the host name, and prints that piece in its error.
+RESERVED_IN_PASSWORD = "@/?#[] "
+_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def unencoded_password_chars(url: str | None) -> str:
+    """The characters of the password in `url` that should have been percent-encoded ('' when there are none,
+    or no password). The user part runs to the last '@' (a raw '@' in the password makes two); a '/' after the
+    first ':' is a port and a path (`host:8080/a@b`), not a password."""
+    if not url or "://" not in url:
+        return ""
+    rest = url.split("://", 1)[1]
+    if "@" not in rest:
+        return ""
+    userinfo = rest[: rest.rindex("@")]
+    if ":" not in userinfo:
+        return ""
+    password = userinfo.split(":", 1)[1]
+    if re.match(r"\d+(/|$)", password):
+        return ""
+    bad = "".join(dict.fromkeys(c for c in password if c in RESERVED_IN_PASSWORD))
+    return bad + ("%" if _PERCENT.search(password) else "")
+
+
+def masked_userinfo(url: str) -> str:
+    """`scheme://user:***@host...` for a URL whose password may hold raw reserved characters (cut at the last
+    '@', where no parser would)."""
+    scheme, rest = url.split("://", 1)
+    user = rest[: rest.rindex("@")].split(":", 1)[0]
+    return mask_text(f"{scheme}://{user}:{MASK}@{rest[rest.rindex('@') + 1 :]}")
+
+
+def check_password_encoded(url: str | None, option: str) -> None:
+    """Refuse, in one line that says how to mend it, a URL whose password holds unencoded reserved characters."""
+    from .errors import UsageError
+
+    bad = unencoded_password_chars(url)
+    if not bad:
+        return
+    names = " ".join(repr(c) for c in bad)
+    codes = ", ".join(f"{c!r} as %{ord(c):02X}" for c in bad)
+    raise UsageError(
+        f"{option}: the password in {masked_userinfo(url)!r} holds {names} unencoded, which a URL reads as the "
+        f'end of the password or an escape; percent-encode it ({codes}; python3 -c "import urllib.parse, getpass; '
+        f"print(urllib.parse.quote(getpass.getpass(), safe=''))\" prints it encoded), or {credential_note(url)}"
+    )
 
 
 def has_password(url: str | None) -> bool:

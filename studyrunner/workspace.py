@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import StudyrunnerError
-from .urls import credential_note, has_password, mask_text, mask_url
+from .urls import check_password_encoded, credential_note, has_password, mask_text, mask_url
 
 TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file", "databricks")
 
@@ -82,6 +82,9 @@ class Workspace:
             flags=tuple((k, v) for k, v in given.items() if v),
             ignored_env=tuple(ignored),
         )
+        check_password_encoded(ws.db_url, "--db / STUDYRUNNER_DB")
+        check_password_encoded(ws.tracking_uri, "--tracking-uri / MLFLOW_TRACKING_URI")
+        check_password_encoded(ws.storage, "--storage / STUDYRUNNER_STORAGE")
         check_sqlite_url(ws.db_url, "--db / STUDYRUNNER_DB")
         check_tracking_uri(ws.tracking_uri)
         return ws
@@ -91,7 +94,8 @@ class Workspace:
         return hint(verb, *args, flags=self.flags)
 
     def check_storage(self) -> None:
-        """Before anything is written: the storage location can be opened and written to."""
+        """Before anything is written: the storage location can be opened and written to (a local folder that
+        does not exist yet is not made: the folder it would be made in must be writable)."""
         check_storage(self.storage)
 
     @property
@@ -99,7 +103,10 @@ class Workspace:
         return "://" not in self.storage or self.storage.startswith("file://")
 
     def ensure(self) -> Workspace:
+        """Make the workspace folder, and the storage folder where it is a local one (checked before)."""
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.is_local_storage:
+            Path(self.storage.removeprefix("file://")).expanduser().mkdir(parents=True, exist_ok=True)
         return self
 
     def artifact_location(self, study: str) -> str:
@@ -178,6 +185,18 @@ def check_storage_uri(storage: str) -> None:
         )
 
 
+def _check_creatable(path: Path, option: str) -> None:
+    """A folder that does not exist yet can be made: the nearest folder above it that exists is writable."""
+    above = path.parent
+    while not above.exists():
+        above = above.parent
+    if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
+        raise StudyrunnerError(
+            f"{option}: cannot make {str(path)!r}: {str(above)!r} is not a folder this user can write to "
+            "(give a writable folder or a URI such as s3://bucket/path)"
+        )
+
+
 def check_storage(storage: str) -> None:
     """Open the storage location and write a probe file, so a bad --storage fails before any study,
     experiment or run records it."""
@@ -192,6 +211,9 @@ def check_storage(storage: str) -> None:
             local = Path(storage.removeprefix("file://")).expanduser()
             if local.exists() and not local.is_dir():
                 raise StudyrunnerError(f"{option}: {storage!r} is a file; give a folder or a URI")
+            if not local.exists():  # made with the stores, once every location has been checked
+                _check_creatable(local.resolve(), option)
+                return
             fs, root = pafs.LocalFileSystem(), str(local.resolve())
         fs.create_dir(root, recursive=True)
         # A name of its own: commands started together (two resumes, hosts sharing a bucket) must not

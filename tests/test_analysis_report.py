@@ -230,3 +230,17 @@ def test_mlflow_experiment_study_run_and_runs_page(written, tmp_path):
     finally:
         os.killpg(server.pid, 15)
         server.wait(20)
+
+
+def test_the_reports_claims_table_gives_both_sides_and_each_claims_threats(tmp_path):
+    """The claims table printed lhs and rhs empty for sequential studies and named no threat: a claim whose
+    side is still climbing at the end of training carries `unconverged`, one that is not carries none."""
+    claims = CLAIMS + '  - "eval_accuracy[loops=8] > 0.3"\n'
+    build(tmp_path, loglinear_outcome(), extra=claims, curve=curve)
+    html = report.write_report(data_mod.load("synth", workspace=tmp_path), tmp_path / "report")[0].read_text()
+    rows = html.split('<td class="claim">')[1:]
+    assert len(rows) == 2
+    cells = [row.split("</tr>")[0] for row in rows]
+    assert all("<td></td><td></td>" not in c for c in cells)  # lhs and rhs filled
+    assert '<td class="wrap threats">none found</td>' in cells[0]
+    assert "<b>unconverged</b>: lhs eval_accuracy still rising" in cells[1]

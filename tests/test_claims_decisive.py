@@ -102,7 +102,7 @@ def test_a_comparison_on_failure_split_seeds_uses_an_exact_randomisation_test():
 def test_a_mean_or_iqm_against_a_number_on_bimodal_seeds_cannot_be_decided():
     """`iqm(y) > c` with c the true IQM was called supported 22-33% of the time on bimodal seeds: no test
     of a location against a number holds there. It says so and points to the failure rate."""
-    values = {(1, 1): [0.25, 0.91, 0.92, 0.90]}
+    values = {(1, 1): [0.25, 0.91, 0.92, 0.90, 0.93]}  # bimodal is read from 5 seeds (claims_evidence.BIMODAL_FROM)
     for claim in ("iqm(y)[loops=1] > 0.6", "y[loops=1] > 0.5"):
         v = claims.evaluate(data(values), claim)  # bimodal by its values (no rule)
         assert v.verdict == "inconclusive" and math.isnan(v.p) and math.isnan(v.lo), v
@@ -184,20 +184,22 @@ def test_every_decided_claim_carries_its_p_so_holm_covers_it():
     d = data(values)
     for claim in (
         "iqm(y)[loops=4] > iqm(y)[loops=1]",
-        "iqm(y)[loops=4] > 0.5",
         "median(y)[loops=4] > 0.5",
         "median(y)[loops=4] > median(y)[loops=1]",
     ):
         v = claims.evaluate(d, claim)
         assert v.verdict == "supported" and 0 <= v.p < 0.05 and v.lo > 0, (claim, v)
-    verdicts = claims.verify(d, ["median(y)[loops=4] > median(y)[loops=1]", "y[loops=4] > 0.5"], holm=True)
+    # an IQM of a metric of no known range against a number is decided by no test (claims_location.no_range)
+    v = claims.evaluate(d, "iqm(y)[loops=4] > 0.5")
+    assert v.verdict == "inconclusive" and "no known range" in v.detail
+    verdicts = claims.verify(d, ["median(y)[loops=4] > median(y)[loops=1]", "median(y)[loops=4] > 0.5"], holm=True)
     assert all(np.isfinite(v.p_holm) for v in verdicts)
 
 
 def test_holm_counts_a_two_depth_slope_and_its_pairwise_claim_once():
     d = data({(1, 1): [0.50, 0.52, 0.47, 0.55], (4, 1): [0.53, 0.56, 0.48, 0.60]})
     slope, pair, other = claims.verify(
-        d, ["slope(y ~ ln effective_depth) > 0", "y[loops=4] > y[loops=1]", "y[loops=1] > 0.4"], holm=True
+        d, ["slope(y ~ ln effective_depth) > 0", "y[loops=4] > y[loops=1]", "failure_rate < 0.6"], holm=True
     )
     assert slope.p == pytest.approx(pair.p)
     # two hypotheses, not three: the smaller p is multiplied by 2
@@ -317,12 +319,13 @@ def test_validate_prints_the_smallest_p_each_claim_can_reach(tmp_path):
     assert "claims[2]" in out and "(needs 9)" in out  # 0.7^4: a binomial < 0.3 needs 9 seeds
     assert "claims[3]" in out and "paired t, any p" in out
     # an accuracy against a number: the distribution-free gate's smallest p is 0.6^4 (every seed at 1); a loss has
-    # no known range, so the t-test alone decides it
+    # no known range, so no test of its mean against a number holds (it was the t-test alone)
     assert (
         "claims[4]" in out
         and "distribution-free bound, smallest p 0.13: cannot reach p < 0.05 with 4 seeds (needs 6)" in out
     )
-    assert "claims[5]" in out and "one-sample t, any p" in out
+    assert "claims[5]" in out and "eval_loss has no known range" in out
+    assert "claims[5] cannot be decided with 4 seeds" in result.stderr
     assert "claims[0] cannot be decided with 4 seeds; it needs 5" in result.stderr
     # an accuracy compared between cells: seeds tied at its bound fall back to the exact test, which needs 5
     flat = " ".join(result.stderr.split())
@@ -357,7 +360,7 @@ def test_claims_may_be_mappings_with_a_min_effect(tmp_path):
     ]
     schema = json.loads(runner.invoke(app, ["schema"]).stdout)
     entry = schema["$defs"]["ClaimEntry"]["anyOf"]
-    assert entry[0]["type"] == "string" and set(entry[1]["properties"]) == {"claim", "min_effect"}
+    assert entry[0]["type"] == "string" and set(entry[1]["properties"]) == {"claim", "min_effect", "margin", "matched"}
     for bad, fragment in (
         (
             '{claim: "eval_accuracy[loops=8] > 0.1", min_effect: -0.1}',
@@ -365,7 +368,7 @@ def test_claims_may_be_mappings_with_a_min_effect(tmp_path):
         ),
         (
             '{claim: "eval_accuracy[loops=8] > 0.1", effect: 0.1}',
-            "claims[0].effect: unknown key; valid keys: claim, min_effect",
+            "claims[0].effect: unknown key; valid keys: claim, margin, matched, min_effect",
         ),
         ("{min_effect: 0.1}", "claims[0].claim: required field is missing"),
         ('{claim: "eval_accuracy[loops=8 > 0.1"}', "claims[0]: position 23"),

@@ -37,6 +37,33 @@ def _one_line_error(result, fragment: str) -> None:
 def test_rerun_refuses_empty_seeds_and_cells(workspace, args, fragment):
     result = runner.invoke(app, ["rerun", "synth", *args, "--workspace", str(workspace)])
     _one_line_error(result, fragment)
+    assert result.exit_code == 2  # a value that cannot be read, as click's own usage errors
+
+
+def test_rerun_reads_a_seed_given_twice_as_given_once(workspace):
+    once = runner.invoke(app, ["rerun", "synth", "--seeds", "0", "--workspace", str(workspace), "--no-progress"])
+    twice = runner.invoke(app, ["rerun", "synth", "--seeds", "0,0", "--workspace", str(workspace), "--no-progress"])
+    assert once.exit_code == twice.exit_code == 0, (once.output, twice.output)
+    assert "seeds 0)" in once.output and "seeds 0)" in twice.output, twice.output
+
+
+def test_rerun_names_the_registered_seeds_of_an_unknown_one(workspace):
+    result = runner.invoke(app, ["rerun", "synth", "--seeds", "7", "--workspace", str(workspace)])
+    _one_line_error(result, "--seeds: 7 is not a seed of study 'synth' (0-3)")
+
+
+@pytest.mark.parametrize("where", ["loops >", "nosuchfield > 1", "(eval_accuracy > 0"])
+def test_results_where_errors_are_usage_errors(workspace, where):
+    result = runner.invoke(app, ["results", "synth", "--where", where, "--workspace", str(workspace)])
+    _one_line_error(result, "--where")
+    assert result.exit_code == 2
+
+
+@pytest.mark.parametrize("verb", [["db", "upgrade"], ["status"], ["results", "synth"]])
+def test_a_ledger_url_naming_a_folder_is_named_as_such(tmp_path, verb):
+    (tmp_path / "dir.db").mkdir()
+    result = runner.invoke(app, [*verb, "--db", f"sqlite:///{tmp_path / 'dir.db'}"])
+    _one_line_error(result, "is a folder, not a ledger file")
 
 
 @pytest.mark.parametrize(
@@ -80,6 +107,8 @@ def test_rule_nesting_limit_is_exact():
         ("eval_accuracy[loops=nan] > 0", "must be finite"),
         ("eval_accuracy > 1e999", "numbers must be finite"),
         ("failure_rate[loops=4] < 2", "a number in [0, 1]"),
+        ("eval_accuracy[loops=4] > eval_accuracy[loops=4]", "both sides are the same quantity of the same cells"),
+        ("eval_accuracy[loops=4] > eval_accuracy[model.params.loops=4]", "the same quantity of the same cells"),
     ],
 )
 def test_validate_rejects_claims_the_study_cannot_answer(tmp_path, claim, fragment):
@@ -89,6 +118,31 @@ def test_validate_rejects_claims_the_study_cannot_answer(tmp_path, claim, fragme
     assert result.exit_code == 2, result.output
     message = result.stderr.strip()
     assert len(message.splitlines()) == 1 and "claims[1]" in message and fragment in message, message
+
+
+@pytest.mark.parametrize(
+    "effect,claim",
+    [
+        ("5", "eval_accuracy[loops=4] > eval_accuracy[loops=1]"),
+        ("1e308", "eval_accuracy[loops=4] > eval_accuracy[loops=1]"),
+        ("1", "eval_accuracy[loops=4] > 0.3"),
+        ("1.5", "failure_rate[loops=1] > failure_rate[loops=8]"),
+    ],
+)
+def test_validate_refuses_a_min_effect_the_claims_scale_cannot_hold(tmp_path, effect, claim):
+    path = tmp_path / "study.yaml"
+    path.write_text(study_text(extra=f'claims:\n  - {{claim: "{claim}", min_effect: {effect}}}\n'))
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1 and "claims[0].min_effect" in message and "below 1" in message, message
+
+
+def test_validate_accepts_a_min_effect_inside_the_scale(tmp_path):
+    path = tmp_path / "study.yaml"
+    claim = "eval_accuracy[loops=4] > eval_accuracy[loops=1]"
+    path.write_text(study_text(extra=f'claims:\n  - {{claim: "{claim}", min_effect: 0.05}}\n'))
+    assert runner.invoke(app, ["validate", str(path)]).exit_code == 0
 
 
 @pytest.mark.parametrize(

@@ -194,10 +194,10 @@ def test_a_driver_killed_mid_study_is_finished_by_resume(tmp_path):
     wait_for(lambda: "succeeded" in statuses(ws, "crash").values(), what="a first trial to succeed")
     wait_for(lambda: "running" in statuses(ws, "crash").values(), what="a trial to be running")
     before = statuses(ws, "crash")
-    driver.kill()  # SIGKILL: no clean-up of any kind
+    driver.kill()  # SIGKILL: no clean-up of any kind (the command's child, which runs the study, dies with it)
     driver.wait()
     ledger = Ledger(f"sqlite:///{ws / 'ledger.db'}", create=False)
-    (dead,) = ledger.dead_submissions("crash")
+    (dead,) = wait_for(lambda: ledger.dead_submissions("crash"), timeout=30, what="the killed submit to be gone")
     assert dead.ray_session_dir and ray_processes(dead.ray_session_dir)  # Ray outlived its driver
 
     status = subprocess.run(

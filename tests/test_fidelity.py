@@ -168,6 +168,11 @@ def test_phase_objectives_have_exactly_the_papers_terms(teacher, task_loss):
     config = student(knobs, interpolate_steps=2)
     assert config["train"]["task_loss"] == (task_loss or "unless_distilled")  # resolved, so in the cell hash
     trial = build_trial(config, 0, teacher=teacher)
+    with torch.no_grad():  # a converted student starts equal to its teacher (L_KD = 0): move it off first
+        torch.manual_seed(0)
+        for p in trial.model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
     progress = Progress()
     for step in range(4):
         ce, kd, align = objective_terms(trial, step)
@@ -178,7 +183,7 @@ def test_phase_objectives_have_exactly_the_papers_terms(teacher, task_loss):
         train_step(trial, progress)
         assert progress.window.loss == pytest.approx(expected, rel=1e-5)
         progress.window.reset()
-        assert ce > 0.1 and kd > 0 and align > 0  # every term is there to be left out
+        assert ce > 0.1 and kd > 1e-4 and align > 1e-4  # every term is there to be left out, well above rounding
 
 
 def test_without_distillation_the_task_loss_trains_the_student(teacher):

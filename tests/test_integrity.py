@@ -130,7 +130,7 @@ def test_a_driver_killed_mid_trial_leaves_no_hole_and_racing_resumes_finish_it(t
     driver.wait()
     # The dead driver's Ray outlives it, and its workers go on checkpointing: stop them (as the resumes' reaping
     # would) and wait until none is left, so that the newest checkpoint stays the newest.
-    (dead,) = ledger_of(ws).dead_submissions("holes")
+    (dead,) = wait_for(lambda: ledger_of(ws).dead_submissions("holes"), timeout=30, what="the killed submit gone")
     stop_ray_session(dead.ray_session_dir)
     wait_for(lambda: not ray_processes(dead.ray_session_dir), timeout=120, what="the dead driver's Ray to end")
     held = {r.trial_key for r in ledger_of(ws).trials("holes") if r.status == "running"}
@@ -399,6 +399,7 @@ def test_commands_started_together_share_files_without_tripping_each_other(tmp_p
     from studyrunner.workspace import check_storage
 
     folder = str(tmp_path / "shared")
+    Path(folder).mkdir()  # a folder that exists gets probe files (one that does not is made only with the stores)
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda _: check_storage(folder), range(400)))
     assert list(Path(folder).iterdir()) == []  # every probe cleaned up after itself

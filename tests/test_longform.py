@@ -368,7 +368,7 @@ def test_where_python_api_matches_the_cli(sqlite_ledger):
 )
 def test_bad_where_is_one_line_naming_where(sqlite_ledger, where, fragments):
     result = cli("--where", where, "--db", sqlite_ledger)
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a value that cannot be read: a usage error, as click's own
     assert "Traceback" not in result.output
     message = result.stderr.strip()
     assert len(message.splitlines()) == 1, message
@@ -389,7 +389,7 @@ def test_an_ambiguous_name_lists_the_candidates(sqlite_ledger):
         s.flush()
         s.add(TrialRow(trial_key="gamma-c0-s0", study="gamma", cell_hash="c0", seed=0, metrics={"eval_accuracy": 1.0}))
     result = cli("--where", "depth > 0", "--db", sqlite_ledger)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stderr.strip() == "error: --where: 'depth' is ambiguous; write one of: a.depth, b.depth"
     ok = cli("--where", "b.depth > 1", "--format", "csv", "--db", sqlite_ledger)
     assert ok.exit_code == 0 and csv_keys(ok.stdout) == {"gamma-c0-s0"}

@@ -310,3 +310,32 @@ def test_declared_names_and_meta_builds():
     assert model.p.aux_terms() == {"shortcut", "consistency"}
     assert loopformer(objective="early_exit").p.aux_terms() == {"shortcut"}
     assert loopformer(objective="fixed").p.aux_terms() == set()
+
+
+# ------------------------------------------------------------------------------ the same block, no loop time
+
+
+def test_constant_conditioning_is_loopformers_block_without_loop_time():
+    """`conditioning: constant`: the AdaLN-Zero blocks, zero-initialised (identity at the start), whose gates and
+    scales are learned constants: the same at every step and trajectory (no loop-time information)."""
+    model = loopformer(conditioning="constant", block_layers=2)
+    assert all(isinstance(b, ModulatedBlock) for b in model.blocks) and model.time_embed is None
+    with torch.no_grad():
+        for block in model.blocks:
+            block.modulator.linear.bias.uniform_(-0.5, 0.5)
+    steps = model._modulations([0.1, 0.2, 0.7], torch.device("cpu"))
+    for per_block in steps:
+        for mod in per_block:
+            assert torch.equal(mod[0], mod[1]) and torch.equal(mod[1], mod[2])  # constant over steps
+    assert set(model.p.param_groups()) == {"conditioning"}
+    x = tokens()
+    assert torch.equal(model(x, trajectory=[0.25] * 4).logits, model(x, trajectory=[0.7, 0.1, 0.1, 0.1]).logits)
+
+
+def test_a_loopformers_baselines_are_made_of_its_own_blocks():
+    params = build_model("loopformer", {"d_model": 16, "n_heads": 2, "loops": 4, "block_layers": 2}, FACTS).p
+    for kind, k in (("iso_param", 2), ("iso_flop", 8)):
+        family, base = params.baseline(kind)
+        assert family == "loopformer" and base["conditioning"] == "constant" and base["objective"] == "fixed"
+        assert base["loops"] == 1 and base["block_layers"] == k
+        assert all(isinstance(b, ModulatedBlock) for b in build_model(family, base, FACTS).blocks)

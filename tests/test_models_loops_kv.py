@@ -280,6 +280,6 @@ def test_distillation_terms_are_zero_for_a_student_equal_to_its_teacher():
     assert out.aux["distill"].item() == pytest.approx(0.0, abs=1e-6)
     assert out.aux["attn_align"].item() == pytest.approx(0.0, abs=1e-10)
     out = student(tokens())
-    assert out.aux["distill"].item() > 0 and out.aux["attn_align"].requires_grad
+    assert out.aux["distill"].item() > 1e-6 and out.aux["attn_align"].requires_grad  # well above rounding
     with pytest.raises(ValueError, match="looplm teacher with loops = 2"):
         student.convert_from(build("looplm", block_layers=2, loops=3))

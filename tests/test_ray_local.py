@@ -130,3 +130,63 @@ def test_a_running_submit_listens_on_localhost_only_and_wants_its_token(tmp_path
     assert secret not in output
     assert not token.exists()  # gone with the submit
     assert not (home / ".ray").exists()
+
+
+# What a second local user tries against a running submit: every path into the embedded Ray's folder, the token
+# and the session folders (a shell script: another user may not be able to run this checkout's Python). Each line
+# prints the outcome; "DENIED" is the only acceptable one.
+INTRUDER = r"""
+private=$1 token=$2 session=$3
+attempt() { what=$1; shift; if "$@" >/dev/null 2>&1; then echo "$what DONE"; else echo "$what DENIED"; fi; }
+attempt "list private" ls "$private"
+attempt "create in private" touch "$private/planted"
+attempt "create in ray" touch "$private/ray/planted"
+attempt "create in session" touch "$session/planted"
+attempt "create in sockets" touch "$session/sockets/planted"
+attempt "read token" cat "$token"
+attempt "replace token" mv -f /tmp/sr-intruder-token "$token"
+attempt "delete token" rm -f "$token"
+attempt "rename ray" mv "$private/ray" "$private/gone"
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(), reason="needs root and setpriv")
+def test_another_local_user_can_touch_nothing_of_a_running_submits_ray(tmp_path):
+    """As uid/gid 65534 (nobody), while a submit runs: nothing can be listed, created, replaced or deleted in the
+    embedded Ray's folder, its session folders or the token, and the token cannot be read; after the submit the
+    private folder is still 0700 (Ray makes the folders inside 0777; nobody can reach them)."""
+    study = tmp_path / "guarded.yaml"
+    study.write_text(study_text("guarded", steps=200_000, seeds="[0]"))
+    ws = tmp_path / "ws"
+    driver = cli("submit", str(study), "--no-progress", "--max-concurrent", "1", workspace=ws)
+    try:
+        wait_for(lambda: "running" in statuses(ws, "guarded").values(), timeout=300, what="a trial to be running")
+        (sub,) = Ledger(f"sqlite:///{ws / 'ledger.db'}", create=False).live_submissions("guarded")
+        raylet = next(p for p in ray_processes(driver.pid, sub.ray_session_dir) if p.name() == "raylet")
+        token = Path(raylet.environ()["RAY_AUTH_TOKEN_PATH"])
+        private = token.parent
+        assert Path(sub.ray_session_dir).parent == private / "ray"
+        assert stat.S_IMODE(private.stat().st_mode) == 0o700
+        planted = Path("/tmp/sr-intruder-token")
+        planted.write_text("1" * 64)
+        planted.chmod(0o666)
+        try:
+            as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+            proc = subprocess.run(
+                [*as_nobody, "sh", "-c", INTRUDER, "intruder", str(private), str(token), sub.ray_session_dir],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd="/",
+            )
+        finally:
+            planted.unlink(missing_ok=True)
+        lines = proc.stdout.strip().splitlines()
+        assert len(lines) == 9 and all(line.endswith(" DENIED") for line in lines), proc.stdout + proc.stderr
+        assert token.is_file() and len(token.read_text().strip()) == 64 and "planted" not in os.listdir(private)
+    finally:
+        if driver.poll() is None:
+            driver.send_signal(signal.SIGINT)
+        code, output = finish(driver, timeout=300)
+    assert code == 130, output
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700

@@ -215,3 +215,97 @@ def test_mask_text_hides_the_passwords_of_urls_wherever_they_are_quoted():
     assert "p@ss" in passwords("postgresql+psycopg://sr:p%40ss@db/l")
     assert without_password("https://me:pw@mlflow:8443") == "https://me@mlflow:8443"
     assert mask_url(None) == "None" and mask_text(b"\xff") == "b'\\xff'"  # garbage in: no exception
+
+
+# --- a password holding characters a URL reserves ---------------------------------------------------------
+
+RAW = "Wr@ngPwQQ2"  # an '@' left unencoded: drivers read "Wr" as the password and "ngPwQQ2@host" as the host
+
+
+@pytest.mark.parametrize(
+    "option,url",
+    [
+        ("--db", f"postgresql+psycopg://sr:{RAW}@127.0.0.1:1/ledger"),
+        ("--tracking-uri", f"postgresql+psycopg://sr:{RAW}@127.0.0.1:1/mlflow"),
+        ("--tracking-uri", f"https://me:{RAW}@127.0.0.1:1"),
+        ("--db", "postgresql+psycopg://sr:a/b@127.0.0.1:1/ledger"),
+        ("--db", "postgresql+psycopg://sr:50%zz@127.0.0.1:1/ledger"),
+    ],
+)
+def test_a_password_with_unencoded_reserved_characters_is_refused_before_anything(tmp_path, option, url):
+    """Refused in one line that names the option and how to encode the password, shows no piece of it, and
+    leaves no workspace behind; read verbs and submit alike."""
+    study = tmp_path / "tiny.yaml"
+    study.write_text(TINY_STUDY)
+    ws = tmp_path / "ws"
+    read = ["status"] if option == "--db" else ["ui", "--port", "1"]  # verbs that take the option
+    for args in (read, ["submit", str(study), "--workspace", str(ws)]):
+        result = CliRunner().invoke(app, [*args, option, url])
+        assert result.exit_code == 2, result.output
+        errors = [line for line in result.output.splitlines() if line.strip()]
+        assert len(errors) == 1 and errors[0].startswith(f"error: {option}"), result.output
+        assert "percent-encode" in errors[0] and "%" in errors[0]
+        for piece in ("ngPwQQ2", "Wr@", "a/b", "50%zz"):
+            assert piece not in result.output
+        assert not ws.exists()
+
+
+def test_a_correctly_encoded_password_is_accepted():
+    from studyrunner.urls import unencoded_password_chars
+
+    assert unencoded_password_chars("postgresql+psycopg://sr:Wr%40ngPwQQ2@127.0.0.1/l") == ""
+    assert unencoded_password_chars("http://host:8080/p@x") == ""  # a port and a path, no password
+    assert unencoded_password_chars("sqlite:////tmp/a@b/ledger.db") == ""
+
+
+def test_a_driver_quoting_a_password_cut_at_a_raw_at_sign_is_masked():
+    url = f"postgresql+psycopg://sr:{RAW}@127.0.0.1:55433/ledger"
+    shown = mask_text("failed to resolve host 'ngPwQQ2@127.0.0.1'", url)
+    assert "ngPwQQ2" not in shown, shown
+
+
+def test_an_interrupted_submit_offers_resume_only_for_a_registered_study(tmp_path):
+    from studyrunner.cli.running import _where_next
+    from studyrunner.workspace import Workspace
+
+    ws = Workspace.resolve(tmp_path / "ws")
+    again = ws.hint("submit", "tiny.yaml")
+    assert "Run it again with: studyrunner submit tiny.yaml" in _where_next(ws, "tiny", again)  # no ledger at all
+    CliRunner().invoke(app, ["db", "upgrade", "--workspace", str(tmp_path / "ws")])
+    assert "study tiny was not registered yet" in _where_next(ws, "tiny", again)  # a ledger without it
+    assert "Resume with: studyrunner resume tiny" in _where_next(ws, "tiny", None)  # resume/rerun: it exists
+
+
+def test_a_database_lost_inside_mlflow_is_blamed_on_the_tracking_store(tmp_path):
+    """A database error raised in MLflow's code (its store's tables gone) names the MLflow store, not the ledger."""
+    import sqlite3
+
+    from mlflow import MlflowClient
+    from sqlalchemy.exc import DBAPIError
+
+    from studyrunner.cli.running import _database_error, _store_lost
+    from studyrunner.workspace import Workspace
+
+    ws = Workspace.resolve(tmp_path / "ws")
+    ws.ensure()
+    client = MlflowClient(ws.tracking_uri)
+    client.search_experiments()
+    with sqlite3.connect(tmp_path / "ws" / "mlflow.db") as con:
+        con.execute("DROP TABLE runs")
+    with pytest.raises(Exception) as caught:
+        client.create_run(client.create_experiment("x"))
+    lost = _database_error(caught.value)
+    assert isinstance(lost, DBAPIError)
+    line = _store_lost(ws, "tiny", lost, caught.value, None)
+    assert line.startswith("the MLflow tracking store sqlite:///") and "results ledger" not in line, line
+
+
+def test_an_unreachable_tracking_server_leaves_no_workspace(tmp_path):
+    study = tmp_path / "tiny.yaml"
+    study.write_text(TINY_STUDY)
+    ws = tmp_path / "ws"
+    result = CliRunner().invoke(
+        app, ["submit", str(study), "--workspace", str(ws), "--tracking-uri", "http://127.0.0.1:1"]
+    )
+    assert result.exit_code == 1 and "cannot reach MLflow tracking server" in result.output, result.output
+    assert "to run" not in result.output and not ws.exists()

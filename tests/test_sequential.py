@@ -146,60 +146,75 @@ def study(values: dict[str, list[float]], claims: list[str]) -> StudyData:
 
 ONE = [0.336, 0.422, 0.266, 0.352, 0.477]  # eval_accuracy of seeds 0-4 of a tiny looped cell
 TWO = [0.320, 0.344, 0.242, 0.430, 0.398]
+# Two pairwise claims on four cells whose per-seed differences are TWO − 0.2 and ONE − 5: their paired t-tests are
+# the one-sample t-tests of TWO against 0.2 and of ONE against 5 (a metric of no known range against a number is no
+# longer decided by a t-test: claims_location.no_range), on cells of their own.
+FOUR = {
+    "c1": ONE,
+    "c2": [o + t - 0.2 for o, t in zip(ONE, TWO, strict=True)],
+    "c3": [t + 5 for t in TWO],
+    "c4": [t + o for t, o in zip(TWO, ONE, strict=True)],
+}
+PAIRS = ["score[loops=2] > score[loops=1]", "score[loops=4] > score[loops=3]"]
+
+
+def four(counts: dict[str, int]) -> StudyData:
+    return study({c: v[: counts[c]] for c, v in FOUR.items()}, PAIRS)
 
 
 def test_a_look_decides_at_its_nominal_level_and_adds_seeds_only_to_the_undecided_claims_cells():
     design = sequential.Design(2, 5, 1)
-    claims = ["score[loops=2] > 0.2", "score[loops=1] > 5"]
-    first = sequential.take_look(study({"c1": ONE[:2], "c2": TWO[:2]}, claims), design, [])
+    first = sequential.take_look(four(dict.fromkeys(FOUR, 2)), design, [])
     a, b = first.claims
     assert a.state == b.state == "sampling" and a.analysed and a.fraction == pytest.approx(2 / 5)
     assert a.nominal == pytest.approx(sequential.nominal_level((0.4,), design.level)) and a.p_claimed > a.nominal
     assert b.p_opposite < 0.01 and b.p_opposite > b.nominal  # one degree of freedom: not below 0.0019 yet
-    assert first.next_seeds == {"c1": 3, "c2": 3}
+    assert first.next_seeds == dict.fromkeys(FOUR, 3)
     looks = [first]
-    looks.append(sequential.take_look(study({"c1": ONE[:3], "c2": TWO[:3]}, claims), design, looks))
+    looks.append(sequential.take_look(four(dict.fromkeys(FOUR, 3)), design, looks))
     a, b = looks[1].claims
     assert a.state == "sampling" and b.state == "contradicted" and b.decided_at == 2 and b.p_opposite < b.nominal
-    assert b.p_sequential < 0.05 and looks[1].wave == {"c2": 1}  # only claim a's cell samples on
-    looks.append(sequential.take_look(study({"c1": ONE[:3], "c2": TWO[:4]}, claims), design, looks))
+    assert b.p_sequential < 0.05 and looks[1].wave == {"c1": 1, "c2": 1}  # only claim a's cells sample on
+    looks.append(sequential.take_look(four({"c1": 4, "c2": 4, "c3": 3, "c4": 3}), design, looks))
     a = looks[2].claims[0]
     assert a.state == "supported" and a.decided_at == 3 and a.fraction == pytest.approx(4 / 5)
     assert a.p_claimed < a.nominal < sequential.ALPHA
     assert looks[2].claims[1] == sequential.replace(b, analysed=False)  # decided: carried as it was
-    assert looks[2].final and looks[2].next_seeds == looks[2].seeds == {"c1": 3, "c2": 4}
+    assert looks[2].final and looks[2].next_seeds == looks[2].seeds == {"c1": 4, "c2": 4, "c3": 3, "c4": 3}
 
 
 def test_the_last_possible_look_spends_what_is_left_and_a_claim_that_cannot_reach_its_effect_is_futile():
-    design = sequential.Design(2, 3, 1)
     flat = {
-        "c1": [0.3, 0.5, 0.4],
-        "c2": [0.52, 0.31, 0.41],
-    }  # no ties: the t-test decides (a tie at an extreme would take the exact test, which cannot reach 0.05 by 3 seeds)
+        "c1": [0.3, 0.5, 0.4, 0.45, 0.35],
+        "c2": [0.52, 0.31, 0.41, 0.44, 0.36],
+    }  # no ties: the t-test decides (a tie at an extreme would take the exact test, which cannot reach 0.05 by 4 seeds)
     text = "eval_accuracy[loops=2] > eval_accuracy[loops=1]"
 
-    def run(min_effect: float) -> list:
+    def run(min_effect: float, design) -> list:
         def draw(seeds):
             return study({c: v[: seeds[c]] for c, v in flat.items()}, [text])
 
         return sequential.run_sequential(draw, design, ["c1", "c2"], specs=[(text, min_effect)])
 
-    ended = run(5.0)  # a large smallest effect of interest: few seeds would find it, so it samples to max
+    design = sequential.Design(2, 3, 1)
+    ended = run(5.0, design)  # a large smallest effect of interest: few seeds would find it, so it samples to max
     (c,) = ended[-1].claims
     assert [look.number for look in ended] == [1, 2] and c.state == "inconclusive" and c.decided_at == 2
     assert c.fraction == 1.0 and c.nominal == pytest.approx(sequential.nominal_level((2 / 3, 1.0), design.level))
     assert c.p_sequential > sequential.ALPHA
-    futile = run(0.001)  # one no seed count within max could show: no seeds for it after the first look
+    # an effect no seed count within max could show: sampled to 4 seeds (no futility stop before), then no more
+    futile = run(0.001, sequential.Design(2, 5, 1))
     (c,) = futile[-1].claims
-    assert len(futile) == 1 and c.state == "futile" and (c.needed is None or c.needed > 3)
-    assert "futile" in c.detail and futile[-1].final
+    assert [look.number for look in futile] == [1, 2, 3] and c.state == "futile" and c.seeds == 4
+    assert (c.needed is None or c.needed > 5) and "futile" in c.detail and futile[-1].final
+    assert [cl.state for look in futile[:2] for cl in look.claims] == ["sampling", "sampling"]
 
 
 def test_a_look_without_a_new_seed_with_a_value_is_not_analysed_again():
     design = sequential.Design(2, 5, 1)
-    claims = ["score[loops=2] > 0.2"]
+    claims = ["score[loops=2] > score[loops=1]"]
     first = sequential.take_look(study({"c1": ONE[:2], "c2": TWO[:2]}, claims), design, [])
-    diverged = study({"c1": ONE[:2], "c2": TWO[:2] + [math.nan]}, claims)
+    diverged = study({"c1": ONE[:2] + [0.3], "c2": TWO[:2] + [math.nan]}, claims)
     second = sequential.take_look(diverged, design, [first])
     assert not second.claims[0].analysed and second.claims[0].state == "sampling"
     assert "no new seed" in second.claims[0].detail
@@ -207,10 +222,8 @@ def test_a_look_without_a_new_seed_with_a_value_is_not_analysed_again():
 
 def test_rows_round_trip_and_verify_reports_the_look_that_decided():
     design = sequential.Design(2, 5, 1)
-    claims = ["score[loops=2] > 0.2", "score[loops=1] > 5"]
-    looks = sequential.run_sequential(
-        lambda seeds: study({"c1": ONE[: seeds["c1"]], "c2": TWO[: seeds["c2"]]}, claims), design, ["c1", "c2"]
-    )
+    claims = PAIRS
+    looks = sequential.run_sequential(four, design, list(FOUR))
     rows = [
         {**sequential.look_row(look, design), "texts": claims, "claims": [sequential.claim_row(c) for c in look.claims]}
         for look in looks
@@ -224,7 +237,7 @@ def test_rows_round_trip_and_verify_reports_the_look_that_decided():
     assert [(c.state, c.decided_at, c.seeds) for c in again[-1].claims] == [
         (c.state, c.decided_at, c.seeds) for c in looks[-1].claims
     ]
-    data = study({"c1": ONE[:3], "c2": TWO[:4]}, claims)
+    data = four({"c1": 4, "c2": 4, "c3": 3, "c4": 3})
     data.sequential, data.looks = {"start": 2, "max": 5, "step": 1}, rows
     supported, contradicted = sequential.verify(data, holm=True)
     assert (
@@ -233,7 +246,7 @@ def test_rows_round_trip_and_verify_reports_the_look_that_decided():
     assert supported.p == pytest.approx(looks[-1].claims[0].p_sequential) and supported.p < 0.05
     assert contradicted.verdict == "contradicted" and contradicted.verdict_holm == "contradicted"
     # a seed rerun later (other data in the ledger) changes no decided look: verify reads the rows
-    data.trials = frame({"c1": [0.1, 0.1, 0.2], "c2": [0.1, 0.12, 0.11, 0.1]})
+    data.trials = frame({"c1": [0.1, 0.1, 0.2], "c2": [0.1, 0.12, 0.11, 0.1], "c3": [1, 2, 3], "c4": [3, 2, 1]})
     assert [v.verdict for v in sequential.verify(data)] == ["supported", "contradicted"]
 
 
@@ -259,15 +272,19 @@ def test_the_calibrated_level_holds_a_sequential_t_test_at_alpha_where_the_norma
 
 
 def test_without_a_min_effect_a_claim_is_futile_when_its_trend_cannot_cross_by_max():
-    design = sequential.Design(3, 12, 1)
+    design = sequential.Design(4, 12, 1)
     text = "eval_accuracy[loops=2] > eval_accuracy[loops=1]"
-    flat = {"c1": [0.40, 0.41, 0.39], "c2": [0.41, 0.39, 0.40]}  # no difference at all
+    flat = {"c1": [0.40, 0.41, 0.39, 0.42], "c2": [0.41, 0.39, 0.40, 0.415]}  # no difference at all
     look = sequential.take_look(study(flat, [text]), design, [])
     (c,) = look.claims
     assert c.state == "futile" and "conditional power" in c.detail and look.final
-    clear = {"c1": [0.40, 0.41, 0.39], "c2": [0.45, 0.47, 0.44]}  # a clear trend: more seeds
+    clear = {"c1": [0.40, 0.41, 0.39, 0.42], "c2": [0.45, 0.47, 0.44, 0.46]}  # a clear trend: more seeds
     (c,) = sequential.take_look(study(clear, [text]), design, []).claims
     assert c.state == "sampling"
+    # the same flat trend at 3 seeds: not judged yet (no futility stop before MIN_FUTILITY_SEEDS seeds per side)
+    early = {k: v[:3] for k, v in flat.items()}
+    (c,) = sequential.take_look(study(early, [text]), sequential.Design(3, 12, 1), []).claims
+    assert c.state == "sampling" and sequential.MIN_FUTILITY_SEEDS == 4
 
 
 def test_a_decided_claim_is_described_with_the_seeds_of_the_look_that_decided_it():

@@ -116,6 +116,10 @@ def test_a_sequential_study_runs_waves_until_its_claims_are_decided_and_then_run
         run(sequential_text("waves", seeds="{start: 2, max: 6, step: 1}"), ws)
     with pytest.raises(StudyrunnerError, match=r"recorded claims; changing them"):
         run(sequential_text("waves", claims='claims: ["eval_accuracy[loops=2] > 0.3"]\n'), ws)  # was 0.15
+    # ... nor any other field of a claim entry (its min_effect decides futility at the next look)
+    edited = 'claims: [{claim: "eval_accuracy[loops=2] > 0.15", min_effect: 0.01}, "eval_accuracy[loops=1] > 0.15"]\n'
+    with pytest.raises(StudyrunnerError, match=r"recorded claims\[0\]\.min_effect; changing them"):
+        run(sequential_text("waves", claims=edited), ws)
     from typer.testing import CliRunner
 
     from studyrunner.cli import app

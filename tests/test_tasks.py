@@ -9,13 +9,64 @@ from studyrunner.tasks import build_task, get_task
 from studyrunner.tasks.phop import hop_answer, sample_phop
 
 
-@pytest.mark.parametrize("alphabet,n,p", [(4, 32, 2), (4, 32, 1), (4, 64, 4), (2, 24, 3), (8, 16, 1)])
+@pytest.mark.parametrize(
+    "alphabet,n,p",
+    [
+        (4, 32, 2), (4, 32, 1), (4, 64, 4), (2, 24, 3), (8, 16, 1),
+        # more hops (the calibrated CPU settings and the paper's p = 16, 32): rejection sampling of the gaps where
+        # they fit often, the bounded sampler where they almost never do (p = 14 at n = 32: 0.6%; p = 15: none)
+        (4, 32, 4), (4, 32, 8), (4, 48, 8), (4, 64, 16), (4, 32, 14), (4, 32, 15), (4, 66, 32), (4, 256, 32),
+    ],
+)  # fmt: skip
 def test_phop_samples_match_the_formal_definition(alphabet, n, p):
     seqs, answers = sample_phop(np.random.default_rng(n * p), 500, alphabet, n, p)
     assert seqs.shape == (500, n)
     assert seqs.min() >= 0 and seqs.max() < alphabet
     for seq, answer in zip(seqs.tolist(), answers.tolist(), strict=True):
         assert hop_answer(seq, p) == answer  # never bottom, always the built answer
+
+
+@pytest.mark.parametrize(
+    "params", [{"seq_len": 32, "hops": 4}, {"seq_len": 32, "hops": 8}, {"seq_len": 34, "hops": 16}]
+)
+def test_phop_with_more_hops_trains_and_evaluates_on_valid_chains(params):
+    """The task's batches at larger p: every answer is the formal definition's (never bottom), the chain of p
+    hops fits (2p + 2 <= n), answers stay balanced, and eval sequences are never training sequences."""
+    task = build_task("phop", {"alphabet": 4, **params}, seed=0)
+    p = params["hops"]
+    train, held = task.train_batch(0, 256), task.eval_sets(1024)[""]
+    for batch in (train, held):
+        for seq, target in zip(batch.inputs.tolist(), batch.targets[:, -1].tolist(), strict=True):
+            assert hop_answer(seq, p) == target
+    counts = np.bincount(held.targets[:, -1].numpy(), minlength=4) / 1024
+    assert np.all(np.abs(counts - 0.25) < 0.05), counts
+    assert task.is_eval_example(held.inputs.numpy()).all() and not task.is_eval_example(train.inputs.numpy()).any()
+    assert task.overlap(256)[""].share == 0.0  # exact: the partition the stream redraws
+
+
+@pytest.mark.parametrize("params", [{"seq_len": 32, "hops": 2}, {"seq_len": 32, "hops": 8}, {"seq_len": 64, "hops": 8}])
+def test_phop_position_vote_is_what_a_fitted_positional_strategy_reaches(params):
+    """The answer's position is predictable from the gap distribution alone: a strategy fitted on training
+    batches (per position, how much more often than chance the token there is the answer), voting without
+    following a hop, scores about the position vote's figure on the eval set, well above chance."""
+    task = build_task("phop", {"alphabet": 4, **params}, seed=0)
+    hits = np.zeros(params["seq_len"])
+    for step in range(40):
+        batch = task.train_batch(step, 64)
+        hits += (batch.inputs.numpy() == batch.targets[:, -1].numpy()[:, None]).sum(axis=0)
+    weight = hits / (40 * 64) - 0.25  # above chance: where the answer lies
+    held = task.eval_sets(2048)[""]
+    seqs, answers = held.inputs.numpy(), held.targets[:, -1].numpy()
+    votes = np.stack([(weight[None, :] * (seqs == k)).sum(axis=1) for k in range(4)], axis=1)
+    fitted = float(np.mean(votes.argmax(axis=1) == answers))
+    floor, strategy = task.position_vote(held)
+    assert "no hop followed" in strategy and task.metric_levels(2048)["eval_accuracy"].chance == 0.25
+    assert floor > 0.33 and abs(fitted - floor) < 0.04, (fitted, floor)
+
+
+def test_phop_refuses_a_chain_that_cannot_fit():
+    with pytest.raises(ValidationError, match="16-hop chain needs seq_len >= 34"):
+        build_task("phop", {"seq_len": 32, "hops": 16}, seed=0)
 
 
 def test_formal_definition_by_hand():

@@ -118,7 +118,15 @@ def parse_igsm(tokens, v: Vocab, modulus):
 
 
 @pytest.mark.parametrize(
-    "params", [{}, {"modulus": 23, "nodes": 10, "max_terms": 4}, {"shuffle": False}, {"modulus": 2}]
+    "params",
+    [
+        {},
+        {"modulus": 23, "nodes": 10, "max_terms": 4},
+        {"shuffle": False},
+        {"modulus": 2},
+        {"nodes": 6, "max_terms": 2, "min_ops": 3},
+        {"modulus": 2, "nodes": 8, "max_terms": 3, "min_ops": 2, "shuffle": False},
+    ],
 )
 def test_igsm_answers_match_a_literal_evaluation(params):
     task = build_task("igsm", params, 0)
@@ -145,3 +153,113 @@ def test_igsm_answers_match_a_literal_evaluation(params):
         assert not all(orders)  # some problems use a parameter before its statement
     else:
         assert all(orders)
+
+
+def literal_ops(defs, name, v: Vocab):
+    """ops(name) read literally: 0 for a constant; else the expression's signs and coefficients (each `k *`) plus
+    the fewest operations below any parameter it reads."""
+    rhs = defs[name]
+    if len(rhs) == 1:
+        return 0
+    own = sum(t in (v.plus, v.minus) for t in rhs) + sum(t == v.times for t in rhs)
+    reads, j = [], 0
+    while j < len(rhs):
+        if rhs[j] in (v.plus, v.minus):
+            j += 1
+        if rhs[j + 1] == v.times:
+            j += 2
+        reads.append(tuple(rhs[j : j + 2]))
+        j += 2
+    return own + min(literal_ops(defs, r, v) for r in reads)
+
+
+def is_copy_chain(defs, name, v: Vocab):
+    """The query is answered by copying: `X = Y`, `Y = Z`, ..., `Z = 3`."""
+    while len(defs[name]) == 2:
+        name = tuple(defs[name])
+    return len(defs[name]) == 1
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"nodes": 4, "max_terms": 2, "min_ops": 1},
+        {"nodes": 4, "max_terms": 2, "min_ops": 2},
+        {"nodes": 6, "max_terms": 2, "min_ops": 3},
+        {"nodes": 8, "max_terms": 3, "min_ops": 4, "modulus": 23},
+        {"nodes": 6, "max_terms": 3, "min_ops": 2, "modulus": 2},
+    ],
+)
+def test_igsm_min_ops_is_honoured_and_leaves_no_copy_chain(params):
+    from studyrunner.tasks.igsm import copy_chain_answer, query_ops
+
+    task = build_task("igsm", params, 0)
+    v, p = task.vocab, task.p
+    found = []
+    for batch in [task.train_batch(0, 128), task.train_batch(1, 128), task.eval_sets(256)[""]]:
+        for inp, tgt in zip(batch.inputs.tolist(), batch.targets.tolist(), strict=True):
+            answer, used, defs = parse_igsm(inp, v, p.modulus)
+            query = tuple(inp[-3:-1])
+            ops = literal_ops(defs, query, v)
+            assert ops >= p.min_ops, (ops, inp)
+            assert ops == query_ops(inp, v)  # the task's own reading agrees with the literal one
+            assert not is_copy_chain(defs, query, v) and copy_chain_answer(inp, v) is None
+            assert tgt[-1] == v.entities + answer and len(used) < p.nodes  # still right, still a distractor
+            found.append(ops)
+    assert min(found) == p.min_ops  # the bound is met, not overshot: only problems with fewer are redrawn
+
+
+def test_igsm_without_min_ops_has_copy_chains_and_ops_zero_is_exactly_a_copy_chain():
+    from studyrunner.tasks.igsm import copy_chain_answer, query_ops
+
+    task = build_task("igsm", {"nodes": 4, "max_terms": 2}, 0)
+    v = task.vocab
+    rows = task.eval_sets(512)[""].inputs.tolist()
+    chains = 0
+    for inp in rows:
+        _, _, defs = parse_igsm(inp, v, 7)
+        copy = is_copy_chain(defs, tuple(inp[-3:-1]), v)
+        assert copy == (query_ops(inp, v) == 0) == (copy_chain_answer(inp, v) is not None)
+        chains += copy
+    assert 0.25 < chains / len(rows) < 0.5  # the reviewer's 34.5%: the shortcut min_ops removes
+
+
+def test_igsm_min_ops_is_deterministic_and_has_its_own_eval_set():
+    import torch
+
+    params = {"nodes": 6, "max_terms": 2, "min_ops": 2}
+    a, b, other = build_task("igsm", params, 0), build_task("igsm", params, 0), build_task("igsm", params, 1)
+    assert torch.equal(a.train_batch(3, 32).inputs, b.train_batch(3, 32).inputs)
+    assert not torch.equal(a.train_batch(3, 32).inputs, other.train_batch(3, 32).inputs)
+    assert not torch.equal(a.train_batch(3, 32).inputs, a.train_batch(4, 32).inputs)
+    assert torch.equal(a.eval_sets(64)[""].inputs, other.eval_sets(64)[""].inputs)  # eval: the params alone
+    plain = build_task("igsm", {"nodes": 6, "max_terms": 2}, 0)
+    assert not torch.equal(a.eval_sets(64)[""].inputs, plain.eval_sets(64)[""].inputs)
+    assert a.train_batch(0, 64).inputs.shape == (64, a.facts.seq_len)
+
+
+def test_igsm_without_min_ops_draws_the_same_problems_as_before():
+    """`min_ops: 0` keeps the original sampler: the data of the shipped study (nodes 4) is pinned by a digest
+    taken before min_ops existed, so its recorded trials stay comparable."""
+    import hashlib
+
+    task = build_task("igsm", {"modulus": 7, "levels": 4, "level_width": 4, "nodes": 4, "max_terms": 2}, 0)
+    train = task.train_batch(0, 16)
+    digest = hashlib.sha256(train.inputs.numpy().tobytes() + train.targets.numpy().tobytes()).hexdigest()[:16]
+    ev = task.eval_sets(16)[""]
+    eval_digest = hashlib.sha256(ev.inputs.numpy().tobytes() + ev.targets.numpy().tobytes()).hexdigest()[:16]
+    assert (digest, eval_digest) == ("c54f543e75f32483", "febfed9b44ebb23f")  # taken with the sampler before min_ops
+
+
+@pytest.mark.parametrize(
+    "params,message",
+    [
+        ({"nodes": 4, "max_terms": 1, "min_ops": 5}, "exceeds"),  # copies and k* only: at most 3 on the path
+        ({"nodes": 4, "max_terms": 2, "min_ops": 5}, "sampled problems"),  # possible on paper, (almost) never drawn
+    ],
+)
+def test_igsm_min_ops_that_cannot_be_sampled_is_refused(params, message):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=message):
+        build_task("igsm", params, 0)

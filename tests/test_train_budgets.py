@@ -6,15 +6,16 @@ probe batch, and bad settings are refused at validate naming the field."""
 import math
 
 import pytest
+import torch
 
 from studyrunner.errors import SpecError
 from studyrunner.models import build_model
 from studyrunner.models.representations import representation_names
-from studyrunner.models.trajectories import front_loading
+from studyrunner.models.trajectories import front_loading, grid_trajectories
 from studyrunner.study import compile_study, loads
 from studyrunner.tasks import build_task
 from studyrunner.train import MemoryReporter, run_trial
-from studyrunner.train.evaluation import best_fronts, evaluate, spearman
+from studyrunner.train.evaluation import best_fronts, evaluate, evaluate_schedules, held_out_halves, spearman
 
 STUDY = """\
 name: budgets
@@ -95,16 +96,46 @@ def test_enumerate_all_logs_every_grid_trajectory_and_their_spread():
     labels = ["1_3", "2_2", "3_1"]  # every 2-step trajectory on the 1/4 grid
     losses = [final[f"eval_loss_budget_2_steps_{label}"] for label in labels]
     assert final["eval_loss_budget_2_steps_2_2"] == final["eval_loss_budget_2"]  # the uniform one
-    assert final["eval_loss_budget_2_min"] == min(losses) and final["eval_loss_budget_2_max"] == max(losses)
-    assert final["eval_loss_budget_2_spread"] == pytest.approx(max(losses) - min(losses))
+    assert final["eval_loss_budget_2_spread"] == pytest.approx(
+        final["eval_loss_budget_2_max"] - final["eval_loss_budget_2_min"]
+    )
+    assert final["selection_heldout"] == 1.0  # chosen on one half of the examples, scored on the other
     assert final["eval_loss_budget_2_front_rho"] == pytest.approx(spearman([0.0, 0.5, 1.0], losses))
-    best = [[0.25, 0.75], [0.5, 0.5], [0.75, 0.25]][min(range(3), key=losses.__getitem__)]
-    assert final["eval_loss_budget_2_best_front"] == final["eval_loss_budget_2_top_front"] == front_loading(best)
     assert final["eval_loss_budget_4_spread"] == 0.0 and "eval_loss_budget_4_steps_1_1_1_1" in final
     # validate knows every name: a metric from the enumeration is accepted, one that cannot exist is not
     study(eval="budgets: [2], trajectory: enumerate_all", metric="eval_accuracy_budget_2_steps_3_1")
     with pytest.raises(SpecError, match="metric.name: no trial of this study reports 'eval_loss_budget_2_steps_4_0'"):
         study(eval="budgets: [2], trajectory: enumerate_all", metric="eval_loss_budget_2_steps_4_0")
+
+
+def test_the_best_trajectory_is_chosen_on_one_half_of_the_examples_and_scored_on_the_other():
+    """`_min`/`_max` are the test-half scores of the trajectories best and worst on the validation half, so the
+    best of many is not inflated by the noise it was chosen for; the halves are disjoint and cover the split."""
+    cfg = config(eval="budgets: [2], trajectory: enumerate_all", metric="eval_loss_budget_2_spread")
+    task = build_task(cfg["task"]["name"], cfg["task"]["params"], 0)
+    model = build_model(cfg["model"]["family"], cfg["model"]["params"], task.facts)
+    torch.manual_seed(0)
+    with torch.no_grad():  # off its zero-initialised modulators, where every trajectory scores the same
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    splits = task.eval_sets(33)
+    validation, test = held_out_halves(splits)
+    assert len(validation[""]) == 17 and len(test[""]) == 16
+    assert not set(map(tuple, validation[""].inputs.tolist())) & set(map(tuple, test[""].inputs.tolist())) or (
+        len({tuple(r) for r in splits[""].inputs.tolist()}) < 33  # repeats in the split itself
+    )
+    record = evaluate_schedules(model, task, splits, 2, "_budget_2")
+    trajectories = grid_trajectories(model.trajectory_grid, 2)
+    on = {
+        half: [evaluate(model, task, s, trajectory=t)["eval_loss"] for t in trajectories]
+        for half, s in (("validation", validation), ("test", test))
+    }
+    best = min(range(3), key=on["validation"].__getitem__)
+    worst = max(range(3), key=on["validation"].__getitem__)
+    assert record["eval_loss_budget_2_min"] == on["test"][best]
+    assert record["eval_loss_budget_2_max"] == on["test"][worst]
+    assert record["eval_loss_budget_2_best_front"] == front_loading(trajectories[best])
+    assert record["selection_heldout"] == 1.0
 
 
 def test_best_schedules_front_loading():

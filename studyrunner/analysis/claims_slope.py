@@ -83,7 +83,8 @@ def _slope_hypothesis(f, greater: bool, c: float) -> tuple | None:
     return (high, low, c * dx) if greater else (low, high, -c * dx)
 
 
-def slopes(v: Verdict, fa, fb, qa: Quantity, qb: Quantity, greater: bool, irregular: str) -> Verdict:
+def slopes(v: Verdict, fa, fb, qa: Quantity, qb: Quantity, greater: bool, irregular: str, null: float = 0.0) -> Verdict:
+    """slope(lhs) − slope(rhs) against `null` (a margin's −δ or +δ; else 0), one-sided."""
     v.lhs, v.rhs = fa.params["alpha"], fb.params["alpha"]
     v.estimate = v.lhs - v.rhs
     if irregular:  # no randomisation test of an interaction is exact
@@ -93,13 +94,14 @@ def slopes(v: Verdict, fa, fb, qa: Quantity, qb: Quantity, greater: bool, irregu
     if diff is None:
         v.test = "slope difference: no interval"
         return v
-    res = one_sided_t(diff["estimate"], diff["se"], diff["df"], v.alpha)
+    res = one_sided_t(diff["estimate"], diff["se"], diff["df"], v.alpha, null)
     v.estimate, v.lo, v.hi = diff["estimate"], res["lo"], res["hi"]  # one fit: estimate and interval
     v.extra["design"] = {
         "test": "slope_diff",
         "a": (np.log(fa.x) if qa.log_x else fa.x, fa.y, fa.clusters),
         "b": (np.log(fb.x) if qb.log_x else fb.x, fb.y, fb.clusters),
         "greater": greater,
+        "null": null,
     }
     v.test = f"slope difference (interaction), {diff['method']}"
     return conclude(v, greater, res["p_up"], res["p_down"])

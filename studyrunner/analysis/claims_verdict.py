@@ -55,6 +55,34 @@ class Verdict:
     scale: str = ""
     # What makes two claims one hypothesis for Holm: the test, the trials of each side, the direction.
     hypothesis: tuple | None = field(default=None, repr=False)
+    # The entry's margin (equivalence `~=`, non-inferiority `>=` / `<=`), on the estimate's scale; None: none.
+    margin: float | None = None
+    # Why a claim that is inconclusive gets no more seeds: "futility" (a sequential look stopped it), else "".
+    stopped: str = ""
+    # How the interval was computed: "fixed" (one look: the two one-sided (1 − alpha) bounds) or "repeated" (a
+    # sequential look's repeated confidence interval, Jennison & Turnbull ch. 9: at the look's `nominal`
+    # one-sided level, so that its simultaneous level over every look is 1 − 2·alpha).
+    interval_kind: str = "fixed"
+    nominal: float = math.nan  # a repeated interval's one-sided nominal level (NaN for a fixed one)
+
+    @property
+    def shown_verdict(self) -> str:
+        """The verdict as printed: an inconclusive claim a sequential look stopped for futility says so (it is no
+        tie: the data only could not decide it within `max`)."""
+        return f"{self.verdict} (stopped for futility)" if self.stopped == "futility" else self.verdict
+
+    @property
+    def interval_label(self) -> str:
+        """What the interval is, for tables: 'fixed 90%', or 'repeated-confidence 90% (nominal 98.3%)' for a
+        sequential look's repeated confidence interval (simultaneous over the looks; computed at the nominal
+        level of the look that decided or stopped the claim)."""
+        if math.isnan(self.lo) and math.isnan(self.hi):
+            return ""
+        level = _percent(1 - 2 * self.alpha)
+        if self.interval_kind == "repeated":
+            nominal = f" (nominal {_percent(1 - 2 * self.nominal)})" if math.isfinite(self.nominal) else ""
+            return f"repeated-confidence {level}{nominal}"
+        return f"fixed {level}"
 
     @property
     def null(self) -> float:
@@ -72,6 +100,11 @@ class Verdict:
             "hi": self.hi,
             "scale": self.scale or "difference",
             "confidence": 1 - 2 * self.alpha,
+            "interval_kind": "repeated-confidence" if self.interval_kind == "repeated" else "fixed",
+            "nominal_confidence": 1 - 2 * self.nominal if self.interval_kind == "repeated" else math.nan,
+            "interval_label": self.interval_label,
+            "margin": self.margin,
+            "stopped": self.stopped or None,
             "p": self.p,
             "p_claimed": self.p_claimed,
             "p_opposite": self.p_opposite,
@@ -83,6 +116,15 @@ class Verdict:
         if holm:
             row["p_holm"], row["verdict_holm"] = self.p_holm, self.verdict_holm
         return row
+
+
+def _percent(level: float) -> str:
+    """0.9 -> '90%', 0.9828 -> '98.3%', 0.99972 -> '99.97%': one decimal, more where it would round to 100%."""
+    digits = 1
+    while digits < 6 and level < 1 and round(100 * level, digits) >= 100:
+        digits += 1
+    text = f"{100 * level:.{digits}f}".rstrip("0").rstrip(".")
+    return f"{text}%"
 
 
 class InvalidClaim(Exception):
@@ -108,11 +150,11 @@ def conclude(v: Verdict, greater: bool, p_up: float, p_down: float) -> Verdict:
     return v
 
 
-def exact_difference(v: Verdict, greater: bool, difference: float) -> Verdict:
-    """The verdict of a difference known exactly (`deterministic`): its sign decides it."""
+def exact_difference(v: Verdict, greater: bool, difference: float, null: float = 0.0) -> Verdict:
+    """The verdict of a difference known exactly (`deterministic`): its side of `null` decides it."""
     v.estimate = v.lo = v.hi = difference
     v.test = "exact: every seed gives the same value in each cell (the metric does not depend on the seed)"
-    return conclude(v, greater, 0.0 if difference > 0 else 1.0, 0.0 if difference < 0 else 1.0)
+    return conclude(v, greater, 0.0 if difference > null else 1.0, 0.0 if difference < null else 1.0)
 
 
 def randomised(v: Verdict, res: exact.Randomisation | None, why: str, greater: bool) -> Verdict:
@@ -138,6 +180,22 @@ def cannot_decide(v: Verdict, q: Quantity, reason: str, against_number: bool = F
     v.detail = (
         f"cannot decide: {reason}, and no test of {what} holds its level on such seeds; a failure-rate claim "
         f"decides it, e.g. failure_rate{where} < 0.5 with a `failure:` rule (its exact binomial test holds)"
+    )
+    return v
+
+
+def cannot_shift(v: Verdict, q: Quantity, reason: str) -> Verdict:
+    """Inconclusive: a margin (equivalence, non-inferiority) tests a difference against a value other than 0, and
+    on seeds that fail or succeed no test of that holds its level. The randomisation tests are exact there only
+    for no difference at all (both sides' seeds from the same mixture); a shift of the mean is no shift of the
+    seeds' distribution."""
+    v.lo = v.hi = math.nan
+    v.test = "no test holds its level here"
+    where = f"[{', '.join(f'{k}={val}' for k, val in q.selector)}]" if q.selector else ""
+    v.detail = (
+        f"cannot decide: {reason}, and a margin asks whether the difference lies beyond a value other than 0, "
+        "which no test holds its level for on such seeds (the randomisation tests are exact only for no difference "
+        f"at all); compare the failure rates, e.g. failure_rate{where} < 0.5 with a `failure:` rule"
     )
     return v
 

@@ -22,7 +22,9 @@ import pandas as pd
 from ..errors import SpecError, StudyrunnerError
 from ..store import CurveStore, Ledger
 from ..study.claims_grammar import GrammarError, Rule, parse_rule, selector_column, values_equal
+from ..study.levels import metric_levels
 from ..study.schema import ClaimEntry
+from ..tasks.levels import MetricLevels
 from ..urls import mask_url
 from .search import search_frame
 
@@ -60,6 +62,21 @@ class StudyData:
     # look's row with its claims' rows under "claims" (analysis/sequential.py reads them); None / [] otherwise.
     sequential: dict[str, Any] | None = None
     looks: list[dict[str, Any]] = field(default_factory=list)
+    # {cell_hash: the cell's resolved config} (the ledger's cells; from_frame: rebuilt from the config columns)
+    cell_configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # A study with `tune:`: {cell_hash: what its tuning chose, study/tuning.py Choice.to_dict()}
+    tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def levels(self, metric: str, cell_hash: str) -> MetricLevels | None:
+        """The levels (range, chance, heuristic floor) the cell's task declares for `metric` (study/levels.py);
+        None where it declares none or the cell's config is unknown."""
+        config = self.cell_configs.get(cell_hash)
+        if config is None or "task" not in config:
+            return None
+        try:
+            return metric_levels(config, metric)
+        except Exception:  # noqa: BLE001 - a task this studyrunner no longer builds: no levels
+            return None
 
     # --- derived views ----------------------------------------------------------------------------
 
@@ -252,7 +269,32 @@ def load(
         spec_error=spec_error,
         sequential=design.model_dump() if design is not None else None,
         looks=looks_of(ledger, name) if design is not None else [],
+        cell_configs={c.cell_hash: c.config for c in ledger.cells(name)},
+        tuning=_tuning(ledger, spec, name),
     )
+
+
+def _tuning(ledger: Ledger, spec, name: str) -> dict[str, dict[str, Any]]:
+    """What a `tune:` section chose for each of the study's cells, from its tuning study's trials."""
+    if spec is None or getattr(spec, "tune", None) is None:
+        return {}
+    from ..study.compiled import CompiledStudy
+    from ..study.tuning import choose, group_of, tuned_paths, tuning_of
+
+    try:
+        tuning = tuning_of(CompiledStudy(spec, []))
+    except Exception:  # noqa: BLE001 - a study file this version no longer compiles: no choices shown
+        return {}
+    if tuning is None or not any(s.name == tuning.study.name for s in ledger.studies()):
+        return {}
+    rows = {r.trial_key: (r.status, r.metrics) for r in ledger.trials(tuning.study.name)}
+    choices = choose(tuning, tuned_paths(spec), rows) or {}
+    out = {}
+    for cell in ledger.cells(name):
+        choice = choices.get(group_of(cell.config, tuned_paths(spec)))
+        if choice is not None:
+            out[cell.cell_hash] = choice.to_dict()
+    return out
 
 
 def looks_of(ledger: Ledger, study: str) -> list[dict[str, Any]]:
@@ -351,7 +393,11 @@ def from_frame(
     strings, mappings {claim, min_effect} or ClaimEntry."""
     rule = parse_rule(failure) if failure else None
     trials = annotate(trials.reset_index(drop=True), rule)
-    return StudyData(
+    configs = {}
+    for cell_hash, group in trials.groupby("cell_hash", sort=False):
+        flat = {c: group[c].iloc[0] for c in group.columns if "." in c and not _missing(group[c].iloc[0])}
+        configs[cell_hash] = unflatten(flat)
+    data = StudyData(
         name,
         trials,
         metric,
@@ -362,3 +408,20 @@ def from_frame(
         cells_order=list(dict.fromkeys(trials.cell_hash)),
         analysis=dict(analysis or {}),
     )
+    data.cell_configs = configs
+    return data
+
+
+def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    """{'model.params.loops': 4} -> {'model': {'params': {'loops': 4}}} (flatten_config's inverse)."""
+    out: dict[str, Any] = {}
+    for path, value in flat.items():
+        node = out
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                break
+        else:
+            node[leaf] = value
+    return out

@@ -7,7 +7,7 @@ claim's state at a look (`ClaimLook`), a look with the wave it plans (`Look`), a
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from scipy.stats import norm
@@ -19,6 +19,13 @@ SAMPLING, FUTILE, ENDED = "sampling", "futile", "inconclusive"
 DECIDED = (SUPPORTED, CONTRADICTED)
 TERMINAL = (SUPPORTED, CONTRADICTED, FUTILE, ENDED, INVALID)  # a claim in one of these gets no more looks
 FUTILITY_POWER = 0.8
+# No claim is stopped for futility before its test has this many seeds per side (information × max). At 2-3
+# seeds the spread (and the trend) a conditional power rests on is too rough: under the effect the fixed design
+# detects with 80% power, 25.6% of real effects stopped futile (10% at the first look, 2 seeds), most with
+# intervals still holding the effect (benchmarks/futility.py; docs/analysis/sequential.md).
+MIN_FUTILITY_SEEDS = 4
+MULTIPLICITY = ("none", "holm")  # the study's `multiplicity:` (Holm: the graphical group-sequential design)
+STOPPED_FOR_FUTILITY = "inconclusive (stopped for futility)"  # how a futile claim is printed: no tie
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,7 @@ class Design:
     futility_power: float = FUTILITY_POWER  # with a min_effect (or futility_effect "observed"): power asked for
     futility_effect: str = "trend"  # without a min_effect: "trend" (conditional power), "observed" or "none"
     futility_cp: float = 0.1  # "trend": futile below this conditional power in both directions
+    multiplicity: str = "none"  # "holm": claims share alpha by the graphical Holm design (sequential._holm)
 
     @classmethod
     def of(cls, seeds: Any) -> Design:
@@ -51,7 +59,8 @@ class Design:
     def describe(self) -> str:
         step = f"step {self.step}" if self.step else "step: the cluster's free trial slots"
         name = SPENDING_NAMES[self.spending]
-        return f"seeds {self.start} to {self.max} per cell, {step}; {name} spending, one-sided {self.alpha:g}"
+        holm = "; Holm over the claims (graphical group-sequential)" if self.multiplicity == "holm" else ""
+        return f"seeds {self.start} to {self.max} per cell, {step}; {name} spending, one-sided {self.alpha:g}{holm}"
 
     def planned_levels(self, step: int) -> list[tuple[int, float, float]]:
         """(seeds, information fraction, nominal one-sided level) of each look, every seed finished."""
@@ -89,6 +98,9 @@ class ClaimLook:
     needed: int | None = None  # seeds per side for FUTILITY_POWER (None: not estimated)
     cells: list[str] = field(default_factory=list)  # the cells it selects
     sides: list[list[str]] = field(default_factory=list)  # ... per side (quantity) of the claim
+    # Its share of alpha (1 without `multiplicity: holm`); kept in the look row's design (`holm_weights`), not in
+    # the claim's row
+    weight: float = 1.0
 
     def row(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,6 +113,7 @@ class Look:
     claims: list[ClaimLook]
     next_seeds: dict[str, int]  # cell_hash -> seeds after the wave this look adds (= seeds: it adds none)
     step: int = 0
+    multiplicity: str = "none"  # the design's `multiplicity` the look was taken under
 
     @property
     def final(self) -> bool:
@@ -125,7 +138,10 @@ def describe_state(c: ClaimLook, seeds: dict[str, int]) -> str:
     if c.state in DECIDED:
         return f"claim {c.index + 1} {c.state} at look {c.decided_at}, {n} seeds"
     if c.state == FUTILE:
-        return f"claim {c.index + 1} futile at look {c.decided_at}, {n} seeds (no more seeds for it)"
+        shown = interval_text(c)
+        return f"claim {c.index + 1} {STOPPED_FOR_FUTILITY} at look {c.decided_at}, {n} seeds" + (
+            f", interval {shown}" if shown else ""
+        )
     if c.state == ENDED:
         return f"claim {c.index + 1} inconclusive at max, {n} seeds"
     if c.state == INVALID:
@@ -133,26 +149,69 @@ def describe_state(c: ClaimLook, seeds: dict[str, int]) -> str:
     return f"claim {c.index + 1} undecided, {n} seeds"
 
 
+def interval_text(c: ClaimLook) -> str:
+    """A look's interval as '[lo, hi] (repeated-confidence, nominal 98.3%)', or '' without one."""
+    if math.isnan(c.lo) and math.isnan(c.hi):
+        return ""
+    from .claims_verdict import _percent
+
+    nominal = f", nominal {_percent(1 - 2 * c.nominal)}" if math.isfinite(c.nominal) else ""
+    return f"[{c.lo:.3g}, {c.hi:.3g}] (repeated-confidence{nominal})"
+
+
 # ------------------------------------------------------------------------------------ the ledger's rows
 
 _FLOATS = ("fraction", "nominal", "boundary", "z", "p_claimed", "p_opposite", "p_sequential", "estimate", "lo", "hi")
 
 
-def look_row(look: Look, design: Design) -> dict[str, Any]:
-    """The `looks` row of a look (store/db.py LookRow, less the study)."""
+def look_row(look: Look, design: Design, entries: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The `looks` row of a look (store/db.py LookRow, less the study). `entries`, every field of each claim entry
+    as the study file gave it (`claim_entries`), is kept with the design: after the first look none may change."""
     return {
         "number": look.number,
         "seeds": dict(look.seeds),
         "next_seeds": dict(look.next_seeds),
         "step": look.step,
-        "design": asdict(design),
+        "design": {
+            **asdict(replace(design, multiplicity=look.multiplicity)),
+            **({"claim_entries": entries} if entries is not None else {}),
+            **({"holm_weights": [c.weight for c in look.claims]} if look.multiplicity == "holm" else {}),
+        },
         "claims": [c.claim for c in look.claims],
     }
 
 
+def claim_entries(study) -> list[dict[str, Any]]:
+    """Every field of each entry of the study's `claims:` (its text, `min_effect`, and any field a newer study
+    file adds), as JSON values: what a sequential study's first look fixes."""
+    from ..study.claim_entries import ClaimEntry
+
+    entries = [c if isinstance(c, ClaimEntry) else ClaimEntry.model_validate(c) for c in study.claims]
+    return [{name: getattr(entry, name) for name in type(entry).model_fields} for entry in entries]
+
+
+def changed_claim_fields(recorded: dict[str, Any], study) -> list[str]:
+    """The claim fields the study file now gives differently from the first look's record: `claims` (added,
+    removed or reordered entries, or a changed text), or `claims[i].FIELD`. A look recorded before the entries
+    were kept (texts only) is compared by text."""
+    now = claim_entries(study)
+    was = recorded.get("claim_entries")
+    if was is None:
+        return []
+    multiplicity = getattr(study, "multiplicity", None) or "none"
+    changed = ["multiplicity"] if recorded.get("multiplicity", "none") != multiplicity else []
+    if [e.get("claim") for e in was] != [e["claim"] for e in now]:
+        return [*changed, "claims"]
+    for i, (old, new) in enumerate(zip(was, now, strict=True)):
+        for name in sorted(set(old) | set(new)):
+            if old.get(name) != new.get(name):
+                changed.append(f"claims[{i}].{name}")
+    return changed
+
+
 def claim_row(c: ClaimLook) -> dict[str, Any]:
     """The `look_claims` row of a claim at a look (store/db.py LookClaimRow, less the study and the look)."""
-    row = {k: v for k, v in c.row().items() if k not in ("index", "claim", "cells", "sides")}
+    row = {k: v for k, v in c.row().items() if k not in ("index", "claim", "cells", "sides", "weight")}
     return {**row, "claim": c.index, "text": c.claim, "cells": [list(side) for side in c.sides]}
 
 
@@ -161,6 +220,8 @@ def looks_from_rows(rows: list[dict[str, Any]]) -> list[Look]:
     looks = []
     for r in rows:
         claims = []
+        design = r.get("design") or {}
+        weights = design.get("holm_weights") or []
         for c in r["claims"]:
             sides = [list(side) for side in c.get("cells") or []]
             values = {k: (math.nan if c.get(k) is None else float(c[k])) for k in _FLOATS}
@@ -177,10 +238,12 @@ def looks_from_rows(rows: list[dict[str, Any]]) -> list[Look]:
                     detail=c.get("detail") or "",
                     cells=list(dict.fromkeys(x for side in sides for x in side)),
                     sides=sides,
+                    weight=float(weights[c["claim"]]) if c["claim"] < len(weights) else 1.0,
                     **values,
                 )
             )
-        looks.append(Look(r["number"], dict(r["seeds"]), claims, dict(r["next_seeds"]), int(r["step"])))
+        multiplicity = design.get("multiplicity", "none")
+        looks.append(Look(r["number"], dict(r["seeds"]), claims, dict(r["next_seeds"]), int(r["step"]), multiplicity))
     return looks
 
 

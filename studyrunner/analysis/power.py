@@ -93,6 +93,8 @@ def _for_verdict(v, effect: float | None, power: float, alpha: float) -> SeedsNe
     design = v.extra.get("design")
     if design is None:
         return None
+    if v.extra.get("tost") is not None:
+        return _tost(v, effect, power, alpha)
     greater = design["greater"]
     if effect is None:
         effect = _observed(v, design)
@@ -100,10 +102,15 @@ def _for_verdict(v, effect: float | None, power: float, alpha: float) -> SeedsNe
         effect = abs(effect) if greater else -abs(effect)
     if not np.isfinite(effect):
         return None
+    # A non-inferiority claim tests lhs − rhs against its margin's −δ (or +δ), `shift`: its test sees the effect
+    # from there (a true difference of 0 is δ from the null of `A >= B, margin δ`)
+    shift = float(design.get("shift", 0.0))
     solver = _SOLVERS[design["test"]]
-    found = solver(design, effect, power, alpha)
+    found = solver(design, effect - shift, power, alpha)
     if found is None:
         return None
+    found.effect = effect
+    effect = effect - shift
     if (effect > 0) != greater or effect == 0:
         found.per_side = None
         found.note = "; ".join(
@@ -117,6 +124,44 @@ def _for_verdict(v, effect: float | None, power: float, alpha: float) -> SeedsNe
             )  # fmt: skip
         )
     return found
+
+
+def _tost(v, effect: float | None, power: float, alpha: float) -> SeedsNeeded | None:
+    """An equivalence claim's seeds per side: both one-sided tests (TOST) must reject, at the true difference
+    `effect` (None: the one observed). Closed form for the t-tests (one-sample or paired, Welch), by the usual
+    bound P(both) >= P(lower) + P(upper) − 1 over the two noncentral t's; None for the others."""
+    lower, upper = v.extra["tost"]["lower"], v.extra["tost"]["upper"]
+    if lower is None or upper is None or lower["test"] not in ("t1", "welch"):
+        return None
+    theta = v.estimate if effect is None else effect
+    delta = v.margin
+    if not (np.isfinite(theta) and delta) or abs(theta) >= delta:
+        return SeedsNeeded(None, theta, None, "closed form: TOST (two noncentral t)",
+                           f"a true difference {theta:+.3g} at or beyond the margin ±{delta:g}: equivalence "
+                           "cannot be shown at it")  # fmt: skip
+    n = np.arange(2, MAX_SEEDS + 1)
+    if lower["test"] == "t1":
+        sd = _sd(lower["x"])
+        if not np.isfinite(sd) or sd <= 0:
+            return None
+        se, df, spread, used = sd / np.sqrt(n), n - 1.0, sd, len(lower["x"])
+    else:
+        sa, sb = _sd(lower["a"]), _sd(lower["b"])
+        if not (np.isfinite(sa) and np.isfinite(sb)) or sa + sb <= 0:
+            return None
+        va, vb = sa**2 / n, sb**2 / n
+        se, df = np.sqrt(va + vb), (va + vb) ** 2 / (va**2 / (n - 1) + vb**2 / (n - 1))
+        spread, used = math.sqrt((sa**2 + sb**2) / 2), min(len(lower["a"]), len(lower["b"]))
+    both = _t_power(df, (theta + delta) / se, alpha) + _t_power(df, (delta - theta) / se, alpha) - 1
+    found = _first(n, both, power)
+    if found is not None and lower.get("span") is not None:  # a number on a bounded metric: both gates too
+        for side in (lower, upper):
+            gated = _with_gate(SeedsNeeded(found, theta, spread, ""), side, theta - side.get("shift", 0.0), alpha)
+            found = gated.per_side if gated.per_side is not None else None
+            if found is None:
+                break
+    return SeedsNeeded(found, theta, spread, "closed form: TOST (two noncentral t, P(both) >= P(lower) + "
+                       "P(upper) - 1)", _spread_note(used))  # fmt: skip
 
 
 def _observed(v, design) -> float:

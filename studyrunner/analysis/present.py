@@ -90,8 +90,7 @@ def frame_table(title: str, df: pd.DataFrame, columns: dict[str, str]) -> Table:
 
 def verdicts_table(verdicts: list[Verdict], holm: bool = False) -> Table:
     """The claims table; `holm`: the Holm-adjusted p and verdict beside the raw ones."""
-    level = verdicts[0].alpha if verdicts else 0.05
-    columns = ["claim", "verdict", "lhs", "rhs", "lhs − rhs", f"{1 - 2 * level:.0%} interval", "p (one-sided)"]
+    columns = ["claim", "verdict", "lhs", "rhs", "lhs − rhs", "interval (kind, level)", "p (one-sided)"]
     columns += ["p (Holm)", "verdict (Holm)"] if holm else []
     table = _table("claims", [*columns, "test", "detail"])
     for v in verdicts:
@@ -99,11 +98,11 @@ def verdicts_table(verdicts: list[Verdict], holm: bool = False) -> Table:
         _add_row(
             table,
             Text(v.claim),
-            Text(v.verdict, style=STYLES.get(v.verdict, "")),
+            Text(v.shown_verdict, style=STYLES.get(v.verdict, "")),
             fmt(v.lhs),
             fmt(v.rhs),
             fmt(v.lhs - v.rhs if v.scale else v.estimate),
-            verdict_interval(v),
+            " ".join(filter(None, [verdict_interval(v), f"({v.interval_label})" if v.interval_label else ""])),
             fmt(v.p),
             *adjusted,
             Text(v.test),

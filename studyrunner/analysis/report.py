@@ -358,13 +358,17 @@ def render(a: Analysis, ui: str | None = None) -> str:
         {
             **v.row(),
             "difference": fmt(v.lhs - v.rhs if v.scale else v.estimate),
-            "interval": verdict_interval(v),
+            "verdict": v.shown_verdict,
+            "interval": " ".join(
+                filter(None, [verdict_interval(v), f"({v.interval_label})" if v.interval_label else ""])
+            ),
             "p": fmt(v.p),
             "detail": verdict_detail(v),
             "lhs": fmt(v.lhs),
             "rhs": fmt(v.rhs),
+            "threats": [t.to_dict() for t in found],
         }
-        for v in a.verdicts
+        for v, found in zip(a.verdicts, a.threats or [[] for _ in a.verdicts], strict=True)
     ]
     context = {
         "study": d.name,
@@ -375,7 +379,7 @@ def render(a: Analysis, ui: str | None = None) -> str:
         "mode": d.mode,
         "missing": d.missing,
         "claims": verdicts,
-        "claims_level": f"{1 - 2 * a.verdicts[0].alpha:.0%}" if a.verdicts else "90%",
+        "claims_level": _claims_level(a.verdicts),
         "cells": _cells_table(a),
         "strip": strip_plot(a),
         "failures": failure_plot(a),
@@ -455,3 +459,10 @@ def write_report(
     except OSError as exc:
         raise StudyrunnerError(f"--out: cannot write the report into {str(out)!r}: {exc.strerror or exc}") from None
     return written
+
+
+def _claims_level(verdicts) -> str:
+    """The claims' interval column's heading: their one label ("fixed 90%") when they share it, else "each
+    claim's" (fixed and repeated-confidence intervals side by side; each cell names its own)."""
+    labels = {v.interval_label for v in verdicts if v.interval_label}
+    return labels.pop() if len(labels) == 1 else ("fixed 90%" if not labels else "each claim's")

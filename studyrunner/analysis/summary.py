@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from . import claims as claims_mod
-from . import depth, power, sequential, solve
+from . import depth, power, sequential, solve, validity
 from . import fits as fits_mod
 from . import stats as stats_mod
 from .data import StudyData
@@ -41,6 +41,8 @@ class Analysis:
     chance_source: str = ""
     logistic_top: float | None = None  # the logistic's fixed ceiling (None: fitted)
     verdicts: list[claims_mod.Verdict] = field(default_factory=list)
+    # per claim (same order as verdicts): the threats to its validity the data show (analysis/validity.py)
+    threats: list[list] = field(default_factory=list)
 
     @property
     def fit_table(self) -> pd.DataFrame:
@@ -52,7 +54,10 @@ class Analysis:
 
     @property
     def claims_table(self) -> pd.DataFrame:
-        return claims_mod.verdict_table(self.verdicts)
+        table = claims_mod.verdict_table(self.verdicts)
+        if self.threats:
+            table["threats"] = [",".join(dict.fromkeys(str(t.threat) for t in found)) for found in self.threats]
+        return table
 
     def header(self) -> str:
         d = self.data
@@ -193,6 +198,7 @@ def analyze(
     out.failure_depth = fits_mod.failure_vs_depth(data)
     if with_claims and data.claims:
         out.verdicts = power.fill(data, sequential.verify(data))  # a sequential study's: as its looks decided them
+        out.threats = validity.assess_all(data, out.verdicts)
     return out
 
 

@@ -10,6 +10,7 @@ from .common import app
 # The import order is the order `studyrunner --help` lists the verbs in.
 # isort: off
 from . import running, inspecting, analysing, database  # noqa: F401 - registers the verbs
+from . import tasks  # noqa: F401 - registers `tasks` (last in the list)
 
 # isort: on
 
@@ -17,4 +18,7 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:
+    from . import supervise
+
+    supervise.enabled = True  # the commands that train run in a watched child process (supervise.py)
     app()

@@ -175,9 +175,12 @@ StudyName = Annotated[str, typer.Argument(help="Study name (as in the ledger).",
 
 
 def run_options(address=None, max_concurrent=None, max_failures=None, progress=True, stale_after=None):
+    """The options of a command that trains, after its settings (environment variables) are checked."""
+    from .. import settings
     from ..orchestrate import RunOptions
     from ..store.ledger import STALE_AFTER_S
 
+    settings.check()
     return RunOptions(
         address=address,
         max_concurrent=max_concurrent,

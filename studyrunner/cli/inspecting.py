@@ -68,6 +68,23 @@ def _print_reach(compiled) -> None:
           f"give it {r.tie_needs} seeds or more" for r in reach if r.tie_needs])  # fmt: skip
 
 
+def _print_threats_before_training(compiled, facts) -> None:
+    """Per claim, the threats to its validity known before anything runs (analysis/validity.py): sides that
+    differ in more than the claim names, properties declared `matched:` that are not."""
+    from ..analysis.validity import before_training
+
+    if compiled.study.search is not None or not compiled.study.claims:
+        return
+    threats = before_training(compiled, facts)
+    if not any(threats):
+        out.print("threats to validity known before training: none", markup=False, highlight=False)
+        return
+    out.print("threats to validity known before training (docs/analysis/validity.md):", markup=False, highlight=False)
+    for i, found in enumerate(threats):
+        for t in found:
+            out.print(f"  claims[{i}] {t.threat}: {t.detail}", markup=False, highlight=False, soft_wrap=True)
+
+
 def _sequential_line(compiled) -> str:
     seeds, cells = compiled.study.sequential, len(compiled.cells)
     return (
@@ -88,12 +105,13 @@ def _search_line(compiled) -> str:
 @app.command()
 @user_errors
 def plan(file: StudyFile):
-    """Show the cells and trials a study compiles to, with parameter counts, without training."""
+    """Show the cells and trials a study compiles to, with parameter counts and FLOPs per token, without training."""
     import torch
 
     from ..models import build_model, count_params
     from ..study import load_and_compile
     from ..tasks import build_task
+    from ..train.flops import analytic_flops_per_token, format_flops
 
     compiled = load_and_compile(file)
     warn(compiled.warnings)
@@ -106,15 +124,31 @@ def plan(file: StudyFile):
     elif study.sequential:
         title = f"{study.name}: {_sequential_line(compiled)}"
     table = Table(title=Text(title))
-    columns = ["#", "cell", "cell_hash", "family", "params", "effective_depth", "steps"]
+    columns = ["#", "cell", "cell_hash", "family", "params", "effective_depth", "FLOPs/token", "steps"]
     has_baselines = any(c.baseline_of for c in compiled.cells)
+    numeric = ("#", "params", "effective_depth", "FLOPs/token", "steps")
     for col in columns + (["baseline of"] if has_baselines else []):
-        table.add_column(col, justify="right" if col in ("#", "params", "effective_depth", "steps") else "left")
+        table.add_column(col, justify="right" if col in numeric else "left")
     number = {c.cell_hash: i for i, c in enumerate(compiled.cells, 1)}
+    halting = False
+    facts: dict[str, dict[str, float]] = {}  # per cell: params, FLOPs per token (the claims' `matched:`)
     for i, cell in enumerate(compiled.cells, 1):
         task = build_task(cell.config["task"]["name"], cell.config["task"]["params"], seed=0)
-        with torch.device("meta"):  # count parameters without allocating them
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):  # count parameters without allocating them
             model = build_model(cell.config["model"]["family"], cell.config["model"]["params"], task.facts)
+        if hasattr(model, "configure"):  # a family's own train/eval knobs (train.trajectory sets the loops)
+            model.configure(cell.config["train"], cell.config["eval"])
+        facts[cell.cell_hash] = {"params": float(count_params(model))}
+        try:
+            per_token = analytic_flops_per_token(model, cell.config["train"]["batch_size"], task.facts.seq_len)
+            flops = format_flops(per_token)
+            facts[cell.cell_hash]["flops_per_token"] = float(per_token)
+        except Exception as exc:  # noqa: BLE001 - a figure the meta device cannot count must not hide the plan
+            flops = "?"
+            warn([f"cell '{cell.label}': FLOPs not counted on the meta device ({type(exc).__name__}: {exc})"])
+        halts = hasattr(model, "realised_loops") and "ponder_steps_fraction" in model.diagnostic_names
+        if halts and model.loops > 1:
+            flops, halting = f"{flops}*", True
         table.add_row(
             str(i),
             Text(cell.label),
@@ -122,11 +156,21 @@ def plan(file: StudyFile):
             cell.config["model"]["family"],
             f"{count_params(model):,}",
             str(model.effective_depth),
+            flops,
             str(cell.config["train"]["steps"]),
             *([", ".join(f"{kind} of #{number[h]}" for kind, h in cell.baseline_of)] if has_baselines else []),
         )
     out.print(table)
+    out.print(
+        "FLOPs/token: model FLOPs of a training forward + backward (matmuls and attention) per input token of a "
+        "batch of train.batch_size x the task's sequence length, counted on the meta device"
+        + ("; * a halting cell, at its most loop steps: its trials record the depth they realise" if halting else ""),
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     _print_reach(compiled)
+    _print_threats_before_training(compiled, facts)
     if study.search:
         space = Table(title=Text(f"search space ({study.search.sampler}, seed {study.search.seed})"))
         for col in ("path", "range"):

@@ -54,4 +54,6 @@ def divergence(
         per_token = beta * _kl(p, m) + (1 - beta) * _kl(q, m)
     else:
         raise ValueError(f"unknown divergence {kind!r}; use one of {', '.join(DIVERGENCES)}")
-    return per_token.mean()
+    # A divergence is >= 0; where the distributions agree (a converted student at its first step) rounding
+    # leaves -1e-10 or so, which would read as a negative loss term.
+    return per_token.clamp_min(0).mean()

@@ -7,7 +7,11 @@ and each block turns c into AdaLN-Zero gates and scales (no shift), zero-initial
 starts as the identity. `conditioning` picks the paper's three models:
 - `time_step`: LoopFormer, (t, Δ) as above;
 - `loop_index`: TMLT (Xu & Sato), the integer step index through one Fourier embedder (official code);
-- `none`: Base-Loop (Saunshi et al.), the core's plain pre-norm blocks, no modulator.
+- `none`: Base-Loop (Saunshi et al.), the core's plain pre-norm blocks, no modulator;
+- `constant`: LoopFormer's own AdaLN-Zero blocks with a conditioning that carries nothing (each block's
+  gates and scales are learned constants, zero at the start): the baseline that differs from LoopFormer in
+  the loop-time information only. With `loops: 1` it is the non-looped Base of the same blocks, which is
+  what `baselines:` gives a LoopFormer cell (the plain `looped` k x 1 differs in the block as well).
 
 `objective` (training only; evaluation always runs one trajectory):
 - `fixed`: the task loss of the full trajectory (`train.trajectory`, uniform 1/L by default);
@@ -44,7 +48,9 @@ MLP width (`mlp_ratio`), and learned or rotary positions as the core offers.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import torch
@@ -62,6 +68,7 @@ from .trajectories import (
     SAMPLERS,
     SUM_TOLERANCE,
     sample_shortcut,
+    sample_steps,
     schedule,
     schedule_length,
     start_times,
@@ -79,10 +86,11 @@ class LoopFormerParams(CoreParams):
     loops: int = Field(
         8, ge=1, le=1024, description="L: steps of the full trajectory; the training grid is 1/L (paper: 8)."
     )
-    conditioning: Literal["none", "loop_index", "time_step"] = Field(
+    conditioning: Literal["none", "constant", "loop_index", "time_step"] = Field(
         "time_step",
-        description="time_step: LoopFormer's (t, Δ) embedders; loop_index: TMLT's step index; none: Base-Loop "
-        "(plain blocks, no modulator).",
+        description="time_step: LoopFormer's (t, Δ) embedders; loop_index: TMLT's step index; constant: the same "
+        "AdaLN-Zero blocks with no loop-time information (learned constant gates and scales: Base-Loop, or with "
+        "loops 1 the non-looped Base, of LoopFormer's blocks); none: Base-Loop of plain pre-norm blocks.",
     )
     objective: Literal["fixed", "early_exit", "early_exit_consistency", "shortcut_consistency"] = Field(
         "shortcut_consistency",
@@ -134,18 +142,23 @@ class LoopFormerParams(CoreParams):
         """`conditioning`: the (t, Δ) or step-index embedders and every block's AdaLN modulator."""
         if self.conditioning == "none":
             return {}
+        if self.conditioning == "constant":
+            return {"conditioning": ("blocks.*.modulator.*",)}
         return {"conditioning": ("time_embed.*", "step_embed.*", "blocks.*.modulator.*")}
 
     def aux_terms(self) -> set[str]:
         return {"fixed": set(), "early_exit": {"shortcut"}}.get(self.objective, {"shortcut", "consistency"})
 
     def baseline(self, kind: str) -> tuple[str, dict] | None:
-        """iso_param: the k blocks run once (a `looped` k x 1); iso_flop: k*L distinct blocks run once."""
+        """iso_param: the k blocks run once; iso_flop: k*L distinct blocks run once; both LoopFormer's own
+        AdaLN-Zero blocks (`conditioning: constant`, `objective: fixed`), so the baseline differs from the looped
+        cell in looping only (a plain `looped` k x 1 would differ in the block too: add it with `include:`)."""
         if self.loops == 1:
             return None
-        core = {name: getattr(self, name) for name in CoreParams.model_fields}
+        own = {name: getattr(self, name) for name in type(self).model_fields}
         k = self.block_layers if kind == "iso_param" else self.block_layers * self.loops
-        return "looped", {**core, "block_layers": k, "loops": 1}
+        keep = {n: v for n, v in own.items() if n in CoreParams.model_fields or n in ("norm", "modulator_init")}
+        return "loopformer", {**keep, "block_layers": k, "loops": 1, "conditioning": "constant", "objective": "fixed"}
 
     def diagnostic_names(self) -> set[str]:
         if self.conditioning == "none":
@@ -204,7 +217,7 @@ class LoopFormer(nn.Module):
             )
         self.head = Head(p, facts.vocab_size)
         embedder = lambda: FourierEmbedder(p.d_model, p.fourier_features, p.max_period, p.time_scale)  # noqa: E731
-        self.time_embed = embedder() if p.conditioning != "none" else None  # t, or the step index (TMLT)
+        self.time_embed = embedder() if p.conditioning in ("loop_index", "time_step") else None  # t, or the index
         self.step_embed = embedder() if p.conditioning == "time_step" else None  # Δ
         self.trajectory_grid = p.loops  # enumerate_all's lattice: step sizes in multiples of 1/L
         self.use_trajectory(schedule("uniform", p.loops))
@@ -280,12 +293,39 @@ class LoopFormer(nn.Module):
         """The training step's short run: an exit step S (early-exit objectives) or a trajectory."""
         if self.p.objective in EARLY_EXIT:
             return int(torch.randint(1, self.loops, (1,)).item())  # S ~ U{1..L-1}
+        if self._short_steps is not None:  # pinned by `compute_draws` (FLOP counting)
+            return sample_steps(self.p.shortcut_sampler, self.p.loops, self._short_steps)
         return sample_shortcut(self.p.shortcut_sampler, self.p.loops, self.loops - 1)
+
+    _short_steps: int | None = None
+
+    def compute_draws(self) -> list[tuple[float, contextlib.AbstractContextManager]]:
+        """FLOP counting's hook (train/flops.py): (weight, a context in which the training forward takes that
+        draw), whose weighted FLOPs are the expectation over the random short run. `shortcut_consistency` runs
+        a separate trajectory of S ~ U{1..L-1} steps, whose FLOPs are linear in S (S steps of the blocks and of
+        their modulations), so the expectation is the mean of the two ends S = 1 and S = L-1. Empty where the
+        compute is not drawn: `fixed` has no short run, and an early exit reads the full run at step S, which
+        costs the same whatever S."""
+        if self.p.objective != "shortcut_consistency":
+            return []
+        ends = sorted({1, self.loops - 1})
+        return [(1 / len(ends), self._pinned_short(s)) for s in ends]
+
+    @contextlib.contextmanager
+    def _pinned_short(self, steps: int) -> Iterator[None]:
+        self._short_steps = steps
+        try:
+            yield
+        finally:
+            self._short_steps = None
 
     def _modulations(self, steps: list[float], device: torch.device) -> list[tuple[torch.Tensor, ...]] | None:
         """Per block, its four (M, d) modulations for every step of `steps`; None without conditioning."""
         if self.p.conditioning == "none":
             return None
+        if self.p.conditioning == "constant":  # silu(0) = 0: each modulation is its linear's bias, a learned constant
+            c = torch.zeros(len(steps), self.p.d_model, device=device)
+            return [block.modulator(c) for block in self.blocks]
         if self.p.conditioning == "loop_index":
             c = self.time_embed(torch.arange(len(steps), device=device, dtype=torch.float32))
         else:

@@ -17,6 +17,9 @@ The builder receives the validated params and the task's facts (an object with `
   `kv_bytes_per_token(dtype=...)`, the analytic KV bytes per token;
 - optionally `set_train_step(step)` (step-dependent state, called before each training step) and
   `convert_from(teacher)` (a conversion's student: start from and distil from a trained model).
+- optionally, for FLOP counting (train/flops.py): `compute_draws()`, where a training forward's compute is
+  drawn at random (LoopFormer's short run), and `realised_loops(tokens)`, where a halting model computes
+  loop steps it does not use (ut_act's ACT). Every other model is counted as it runs, with no hook.
 Several weighted outputs (LoopLM's exits) go in `ModelOutput.exits`: the trainer then minimises the
 expected task loss over them.
 Params models subclass `core.CoreParams` and declare `aux_terms()` (the keys of ModelOutput.aux a

@@ -160,6 +160,17 @@ class UTAct(nn.Module):
                 out.diagnostics.update(probe.result())
         return out
 
+    def realised_loops(self, tokens: torch.Tensor) -> float | None:
+        """FLOP counting's hook (train/flops.py): the mean number of loop steps per position (memory slots
+        included) whose results the output uses, ACT's N: each token's halting step. The block still runs on a
+        halted token (its state frozen, its later weights 0), so the steps after halting are computed and
+        unused. None without halting (every step is used)."""
+        if self.router is None:
+            return None
+        d = self.forward(tokens, diagnose=True).diagnostics
+        m, t = self.p.memory_slots, tokens.shape[1]
+        return (d["ponder_steps_mean"] * t + d.get("ponder_steps_mean_memory", 0.0) * m) / (m + t)
+
     def _diagnostics(self, act: ACT | None, probs: list[torch.Tensor], steps: int) -> dict[str, float]:
         if act is None:
             return {}

@@ -16,7 +16,7 @@ from ..store.ledger import SUBMIT_RUNS
 from ..study import CompiledStudy
 from ..workspace import Workspace, checkpoint_location
 from .capacity import check_cluster_fits
-from .ray_runtime import ensure_ray, ray_session_dir
+from .ray_runtime import ensure_ray, ray_session_dir, started_here, stop_ray
 from .recorder import Recorder
 from .run_types import RunOptions, SubmitResult
 from .signals import interrupts_deferred, sigterm_as_ctrl_c
@@ -71,8 +71,8 @@ def run_trials(
     recorder, started_ray, unwritten = None, False, None
     try:
         with sigterm_as_ctrl_c(), submission:
-            started_ray = ensure_ray(options.address)  # which puts our SIGTERM handler back after Ray's
-            if started_ray:
+            started_ray = ensure_ray(options.address)  # a no-op where the command started it (preflight.py)
+            if started_here():  # so that `reap_dead` can stop it if this process is killed
                 ledger.set_ray_session(submission.id, ray_session_dir())
             check_cluster_fits(study.resources)
             experiment_id, parent_runs, by_tag = open_tracking(compiled, to_run, ledger, tracker, workspace)
@@ -131,9 +131,7 @@ def release(recorder: Recorder | None, submission: Submission, started_ray: bool
         return exc
     finally:
         if started_ray:
-            import ray
-
-            ray.shutdown()
+            stop_ray()
     return None
 
 

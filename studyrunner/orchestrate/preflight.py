@@ -1,7 +1,11 @@
-"""What a command does before it runs anything: open the stores (every location checked before a write), read the
-study as last submitted, refuse an edit that changes what ran cells mean, and say the plan."""
+"""What a command does before it runs anything: check its settings, reach every store and the Ray it runs on
+before it writes anything, open the stores, read the study as last submitted, refuse an edit that changes what
+ran cells mean, and say the plan."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from rich.console import Console
 from rich.markup import escape
@@ -15,26 +19,87 @@ from ..workspace import Workspace
 from .tracking import Tracker
 
 
+@contextmanager
+def ready_to_write(
+    workspace: Workspace, address: str | None, needs_ray: Callable[[Ledger | None], bool], create: bool = True
+) -> Iterator[None]:
+    """Inside, the command writes: before, its settings are checked, every store is reached (writing nothing)
+    and, where `needs_ray(the existing ledger or None)` says it will run trials, Ray is started or joined; a
+    wrong setting, store or address then fails in one line with nothing written. The Ray started here stops
+    when the block ends, also on Ctrl-C."""
+    from .. import settings
+    from .ray_runtime import ensure_ray, stop_ray
+    from .signals import interrupts_deferred
+
+    settings.check()
+    existing = check_stores(workspace, create)
+    started = needs_ray(existing) and ensure_ray(address)
+    try:
+        yield
+    finally:
+        if started:
+            with interrupts_deferred():
+                stop_ray()
+
+
+def check_stores(workspace: Workspace, create: bool = True) -> Ledger | None:
+    """Reach every store, writing nothing: the ledger (one that exists is opened read-only and returned; None
+    where a new one would be made), the storage and the tracking store. One line naming the one that fails."""
+    if create:
+        probe_ledger(workspace.db_url)
+    existing = _existing_ledger(workspace.db_url) if create else Ledger(workspace.db_url, create=False, read_only=True)
+    workspace.check_storage()
+    Tracker.probe(workspace.tracking_uri)
+    return existing
+
+
+def _existing_ledger(url: str) -> Ledger | None:
+    from ..store.opening import _sqlite_path
+
+    path = _sqlite_path(url)
+    if path is not None and (not path.is_file() or path.stat().st_size == 0):
+        return None
+    try:
+        return Ledger(url, create=False, read_only=True)
+    except StudyrunnerError:  # a server database without a ledger yet: `open_stores` makes it
+        return None
+
+
 def open_stores(workspace: Workspace, create: bool = True) -> tuple[Ledger, Tracker]:
-    # Every location is checked before anything is written, so a bad one leaves no trace: the ledger's URL
-    # (read only) and storage first, then the tracking store (opening it creates an SQLite one), then the ledger.
+    """Open (and with `create`, make) the ledger and the tracking store, after `check_stores` found them usable.
+    A workspace folder this call made is removed again if opening fails, so a failure leaves no half-made one."""
     if create:
         probe_ledger(workspace.db_url)
     workspace.check_storage()
     if not create:
         ledger = Ledger(workspace.db_url, create=False)
         return ledger, Tracker(workspace.tracking_uri)
-    tracker = Tracker(workspace.tracking_uri)
-    workspace.ensure()
-    return Ledger(workspace.db_url), tracker
+    made = not workspace.root.exists()
+    try:
+        tracker = Tracker(workspace.tracking_uri)
+        workspace.ensure()
+        return Ledger(workspace.db_url), tracker
+    except BaseException:
+        if made:
+            _remove_if_empty(workspace.root)
+        raise
+
+
+def _remove_if_empty(folder) -> None:
+    try:
+        folder.rmdir()  # only an empty folder: nothing the user had is ever removed
+    except OSError:
+        pass
 
 
 def stored_study(ledger: Ledger, name: str) -> CompiledStudy:
     """The study as last submitted (the ledger keeps its file), compiled again."""
     from ..study import compile_study, loads
+    from .tuning import with_tuning
 
     row = ledger.get_study(name)
     compiled = compile_study(loads(row.spec_text, source=f"<study {name} as last submitted>"))
+    compiled = with_tuning(compiled, ledger)  # a `tune:` section: the cells its tuning chose
     if compiled.study.search is not None:  # its cells are the suggestions the ledger records
         from .search_storage import with_search_cells
 

@@ -4,7 +4,13 @@ The embedded Ray (no --address, no RAY_ADDRESS) is this machine's alone. Every p
 127.0.0.1 only (GCS, raylet with its object and node managers, workers, the dashboard, metrics and
 runtime-env agents), and it uses Ray's token authentication (RAY_AUTH_MODE=token), so a client without
 the token cannot connect, from this machine either. The token is random, one per process, in a 0600 file
-in this user's Ray temp folder (never under $HOME, never printed), removed when the process exits.
+(never under $HOME, never printed), removed when the process exits.
+
+Other users of the machine can reach none of it. Ray makes every folder it creates world-writable (its
+`try_make_directory_shared` chmods the temp folder, each session folder and their sockets/ and logs/ to
+0777), so Ray's folder is not the private one: it is `ray/` inside `sr-ray-UID` in the system temp folder,
+which is this user's, 0700, and which Ray never touches. The token lies beside `ray/`, in that 0700 folder,
+so another user can neither read, replace nor delete it, nor create anything in Ray's session folders.
 
 Ray 2.60 has no "local only" switch: its processes listen on the node's address, which `ray.init`
 resolves to the machine's external one unless Ray runs in its single-machine mode (the mode it uses on
@@ -42,6 +48,7 @@ TOKEN_PREFIX = "auth-token-"
 
 _users_auth: dict[str, str | None] | None = None  # the user's Ray authentication settings, once we changed them
 _token: Path | None = None  # this process's token file
+_embedded = False  # this process started the Ray it is connected to
 
 
 def quiet_ray_env() -> None:
@@ -67,11 +74,16 @@ def quiet_ray_env() -> None:
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     """Start the embedded Ray (or join `address` / $RAY_ADDRESS). True if this call started or joined it."""
     import ray
+    from ray._private import ray_constants
 
+    global _embedded
     quiet_ray_env()
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")
+    # Not in the driver: Ray's C++ failure handler takes SIGTERM over (it aborts, exit 134, leaving Ray's agents
+    # running); the command's own handler stops the study as Ctrl-C does (signals.py). Workers keep theirs.
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     kwargs: dict = {
         "include_dashboard": False,
         "log_to_driver": False,
@@ -83,11 +95,29 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
             if address and address != "local":  # Ray's "local": start a new one, which is the embedded one
                 _join(address, kwargs)
             else:
+                _embedded = True
                 _start_embedded(num_cpus, kwargs)
     except BaseException:
         ray.shutdown()  # a half-started Ray leaves no processes behind
+        _embedded = False
         raise
     return True
+
+
+def started_here() -> bool:
+    """Whether this process started the Ray it is connected to (the embedded one), and so must stop it."""
+    import ray
+
+    return _embedded and ray.is_initialized()
+
+
+def stop_ray() -> None:
+    """Shut down the Ray this process is connected to; the embedded one stops with it."""
+    import ray
+
+    global _embedded
+    ray.shutdown()
+    _embedded = False
 
 
 def _join(address: str, kwargs: dict) -> None:
@@ -107,10 +137,10 @@ def _join(address: str, kwargs: dict) -> None:
 def _start_embedded(num_cpus: int | None, kwargs: dict) -> None:
     import ray
 
-    temp_dir = private_temp_dir()
-    _use_token(_token_file(temp_dir))
+    private = private_temp_dir()
+    _use_token(_token_file(private))
     with _single_machine_mode():
-        ray.init(num_cpus=num_cpus, _temp_dir=str(temp_dir), _system_config=system_config(), **kwargs)
+        ray.init(num_cpus=num_cpus, _temp_dir=str(ray_temp_dir(private)), _system_config=system_config(), **kwargs)
     node = ray.util.get_node_ip_address()
     if node != LOOPBACK:
         raise StudyrunnerError(
@@ -136,8 +166,8 @@ def _check_reachable(address: str) -> None:
 
 
 def private_temp_dir() -> Path:
-    """Ray's temp folder for the embedded Ray: short (Unix socket paths are limited to 107 characters) and
-    this user's alone (it holds the token file and Ray's sockets)."""
+    """This user's private folder for the embedded Ray, 0700: short (Unix socket paths are limited to 107
+    characters) and this user's alone. It holds the token file and Ray's own folder (`ray_temp_dir`)."""
     path = Path(tempfile.gettempdir()) / f"sr-ray-{os.getuid()}"
     path.mkdir(mode=0o700, exist_ok=True)
     info = path.lstat()
@@ -146,8 +176,22 @@ def private_temp_dir() -> Path:
             f"{path} (the embedded Ray's temp folder) is not a folder of yours; remove it, or set TMPDIR to "
             "a folder only you can write to"
         )
-    if info.st_mode & 0o077:
+    if info.st_mode & 0o077:  # an older studyrunner let Ray widen it: close it before anything goes in
         path.chmod(0o700)
+    return path
+
+
+def ray_temp_dir(private: Path) -> Path:
+    """Ray's temp folder: `ray/` in the private folder. Ray makes it and its session folders 0777; the 0700
+    folder around it keeps other users out, whatever Ray does inside. An entry of that name that is not a
+    folder of this user's (a link planted while an older studyrunner left the private folder open) is refused."""
+    path = private / "ray"
+    path.mkdir(exist_ok=True)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise StudyrunnerError(
+            f"{path} (the embedded Ray's own folder) is not a folder of yours; remove it and submit again"
+        )
     return path
 
 

@@ -9,6 +9,17 @@ from ..store import Ledger
 from ..study import CompiledStudy
 
 
+def _spans(seeds: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    parts: list[str] = []
+    for seed in seeds:
+        if parts and seed == int(parts[-1].split("-")[-1]) + 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{seed}"
+        else:
+            parts.append(str(seed))
+    return ", ".join(parts) or "none registered"
+
+
 @dataclass(frozen=True)
 class RerunSelection:
     """Status filters are alternatives (any may match); `seeds` and `cells` narrow them. No status
@@ -40,10 +51,10 @@ class RerunSelection:
         for prefix in self.cells:
             if not any(h.startswith(prefix) for h in known):
                 raise StudyrunnerError(f"--cell {prefix}: no cell of study {study!r} has a hash starting so")
-        seeds = set(compiled.study.seed_values)
+        seeds = {r.seed for r in rows}  # registered: a sequential study's are those its waves added
         for seed in self.seeds:
             if seed not in seeds:
-                raise StudyrunnerError(f"--seeds: {seed} is not a seed of study {study!r} ({sorted(seeds)})")
+                raise StudyrunnerError(f"--seeds: {seed} is not a seed of study {study!r} ({_spans(sorted(seeds))})")
         any_status = not (self.failed or self.diverged or self.missing or self.stale or self.cancelled)
         chosen = []
         for r in rows:

@@ -15,11 +15,12 @@ import threading
 import time
 from pathlib import Path
 
+from ..settings import seconds_or_default
 from ..store import Ledger
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = float(os.environ.get("STUDYRUNNER_HEARTBEAT", "5"))
+HEARTBEAT_S = seconds_or_default("STUDYRUNNER_HEARTBEAT", 5.0, positive=True)
 
 
 class Submission:

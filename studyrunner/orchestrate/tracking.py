@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sqlite3
 import subprocess
 import time
@@ -206,6 +207,29 @@ class Tracker:
         # MLflow's migrations and left `_alembic_tmp_*` tables behind.
         with stores_lock(tracking_uri):
             self._open(tracking_uri, scheme)
+
+    @classmethod
+    def probe(cls, tracking_uri: str) -> None:
+        """Check that the tracking store can be used, writing nothing: a database or server answers; a local
+        SQLite store that exists is not half-made, and one that does not can be made where it would be."""
+        scheme = tracking_uri.split(":", 1)[0].split("+")[0]
+        path = sqlite_file(tracking_uri)
+        if path is not None:
+            if path.is_file():
+                check_half_made(tracking_uri)
+            else:
+                above = path.parent
+                while not above.exists():
+                    above = above.parent
+                if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
+                    raise StudyrunnerError(
+                        f"cannot make MLflow tracking store {str(path)!r}: {str(above)!r} is not a folder this user "
+                        "can write to (check --tracking-uri / MLFLOW_TRACKING_URI)"
+                    )
+        elif scheme in ("postgresql", "mysql", "mssql"):
+            cls._check_reachable(tracking_uri)
+        elif scheme in ("http", "https"):
+            cls._check_server(tracking_uri)
 
     def _open(self, tracking_uri: str, scheme: str) -> None:
         from mlflow import MlflowClient

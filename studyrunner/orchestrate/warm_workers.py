@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
-from ..errors import StudyrunnerError
+from ..settings import switch
 
 # torch.optim's first optimizer imports torch._dynamo (~1.1 s on an idle core here): every trial builds one.
 PRELOAD = ("studyrunner.orchestrate.trainable", "torch._dynamo")
@@ -41,14 +41,10 @@ LIGHTNING_ONLY = ("PL_DISABLE_FORK",)
 # took the preloaded workers away just before the trial actors asked for them (2 of 5 submits here).
 IDLE_KEPT_MS = 60_000
 SWITCH = "STUDYRUNNER_WARM_WORKERS"  # read by `enabled`
-ON, OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def enabled() -> bool:
-    value = os.environ.get("STUDYRUNNER_WARM_WORKERS", "1").strip().lower()
-    if value not in ON + OFF:
-        raise StudyrunnerError(f"{SWITCH}={value!r} is neither on nor off: set it to 1 (the default) or 0")
-    return value in ON
+    return switch(SWITCH, True)
 
 
 def system_config() -> dict[str, object]:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from ..analysis import sequential
 from ..analysis.data import from_ledger, looks_of
+from ..analysis.looks import changed_claim_fields, claim_entries
 from ..analysis.mlflow_ui import study_run
 from ..errors import StudyrunnerError
 from ..store import Ledger
@@ -70,11 +71,13 @@ class Waves(TrialFeed):
         first = self.rows[0]
         was = sequential.design_of(first["design"])
         now = self.design
-        changed = [k for k in ("start", "max", "step", "spending") if getattr(was, k) != getattr(now, k)]
+        changed = [f"seeds.{k}" for k in ("start", "max", "step", "spending") if getattr(was, k) != getattr(now, k)]
         if [text for text, _ in sequential.claim_specs(self.study)] != first["texts"]:
             changed.append("claims")
+        else:  # every field of every claim entry (min_effect, ...), where the first look recorded them
+            changed += changed_claim_fields(first["design"], self.study)
         if changed:
-            fields = ", ".join(f"seeds.{k}" if k != "claims" else k for k in changed)
+            fields = ", ".join(changed)
             raise StudyrunnerError(
                 f"{self.study.source}: study {self.name!r} has taken {len(self.rows)} looks with its recorded "
                 f"{fields}; changing them changes the error control the looks rest on. Submit the edited file as "
@@ -122,7 +125,9 @@ class Waves(TrialFeed):
         cells = [c.cell_hash for c in self.compiled.cells]
         data.trials = data.trials[data.trials.cell_hash.isin(cells) & (data.trials.seed < self.design.max)]
         data.cells_order = [c for c in cells if c in set(data.trials.cell_hash)]
-        look = sequential.take_look(data, self.design, self.looks, slots=self.slots)
+        look = sequential.take_look(
+            data, self.design, self.looks, slots=self.slots, multiplicity=self.study.multiplicity or "none"
+        )
         new = [
             (trial_key(self.name, cell, seed), cell, seed)
             for cell, n in look.next_seeds.items()
@@ -130,7 +135,7 @@ class Waves(TrialFeed):
         ]
         self.ledger.record_look(
             self.name,
-            sequential.look_row(look, self.design),
+            sequential.look_row(look, self.design, claim_entries(self.study)),
             [sequential.claim_row(c) for c in look.claims],
             new,
         )

@@ -197,7 +197,7 @@ class LookRow(Base):
     seeds: Mapped[dict[str, Any]]  # cell_hash -> seeds 0 .. n-1 the look's data held
     next_seeds: Mapped[dict[str, Any]]  # cell_hash -> seeds after the wave it added
     step: Mapped[int] = mapped_column(Integer)  # seeds the wave added per cell
-    design: Mapped[dict[str, Any]]  # start, max, step, spending, alpha as the look used them
+    design: Mapped[dict[str, Any]]  # start, max, step, spending, alpha as the look used them; claim_entries
     claims: Mapped[list] = mapped_column(JSON)  # the claims' texts, in the study file's order
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

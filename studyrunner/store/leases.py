@@ -13,13 +13,14 @@ from pathlib import Path
 from sqlalchemy import and_, case, or_, select, update
 
 from ..errors import StudyrunnerError
+from ..settings import seconds_or_default
 from .attempts import end_open_attempts
 from .db import FINISHED, AttemptRow, StudyRow, SubmissionRow, TrialRow, utcnow
 from .opening import LedgerDatabase
 
 # A submission silent this long has lost its leases; its unfinished trials are `stale` (resumable).
 # Drivers beat every few seconds, so a minute without one is a dead or wedged process.
-STALE_AFTER_S = float(os.environ.get("STUDYRUNNER_STALE_AFTER", "60"))
+STALE_AFTER_S = seconds_or_default("STUDYRUNNER_STALE_AFTER", 60.0)
 
 
 def _aware(moment: datetime | None) -> datetime:

@@ -53,10 +53,19 @@ def database_errors(url: str, option: str = "--db / STUDYRUNNER_DB") -> Iterator
         raise StudyrunnerError(f"cannot open results database {shown!r}: {first} (check {option})") from None
 
 
+def _refuse_folder(path: Path | None) -> None:
+    if path is not None and path.is_dir():
+        raise StudyrunnerError(
+            f"{str(path)!r} is a folder, not a ledger file (check --db / STUDYRUNNER_DB: sqlite:///PATH names the "
+            "ledger file itself, e.g. sqlite:///results/ledger.db)"
+        )
+
+
 def open_engine(url: str, *, read_only: bool = False) -> tuple[Engine, str | None]:
     """An engine on an existing database (errors as one line); for an SQLite file with `read_only`, one
     that writes nothing (db.sqlite_reader). Returns (engine, read mode: None, "read-only" or "immutable")."""
     path = _sqlite_path(url)
+    _refuse_folder(path)
     if path is not None and not path.is_file():
         raise StudyrunnerError(
             f"no results ledger at {str(path)!r}: nothing was submitted with this workspace "
@@ -80,6 +89,7 @@ def probe(url: str) -> None:
                 pass
             return
         path = _sqlite_path(url)
+        _refuse_folder(path)
         if path is not None and path.is_file() and path.stat().st_size > 0:
             engine, _mode = sqlite_reader(url)
             try:

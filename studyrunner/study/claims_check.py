@@ -5,7 +5,9 @@ names `check_feasible` collects: trainer, task and depth metrics, decoding metri
 diagnostics), its selector keys are fields of the cells' configs (a dotted path, a unique leaf, or
 cell / family / task / baseline / seed), its selector values occur in the study (grid, zip, include,
 baselines; a search's values are not known before it runs, so only its grid axes are checked), and a
-failure rate is compared with a share in [0, 1]. A non-finite number never parses (the grammar).
+failure rate is compared with a share in [0, 1]. A non-finite number never parses (the grammar). An entry's
+`min_effect` and `margin` must fit the claim's scale (below the width of the metric's range, where it is known:
+`_range`, the one place this module reads a metric's range); `~=` needs a margin, `<` and `>` take none.
 Errors are one line naming the claim (`claims[i]`), its line in the file and how to mend it.
 """
 
@@ -17,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .canonical import flatten_config
-from .claims_grammar import Number, Quantity, parse_claim, selector_column, values_equal
+from .claims_grammar import EQUIVALENT, Number, Quantity, flip, parse_claim, selector_column, values_equal
 from .compiled import CompiledStudy
 from .errors import spec_error
-from .metric_range import known_range
+from .levels import metric_range
 
 
 def check_claims(compiled: CompiledStudy, reports: Callable[[str], bool], reported: Callable[[], set[str]]) -> None:
@@ -63,6 +65,113 @@ def check_claims(compiled: CompiledStudy, reports: Callable[[str], bool], report
             if isinstance(other, Number) and getattr(side, "kind", None) == "failure_rate":
                 if not 0 <= other.value <= 1:
                     fail(f"a failure rate is a share: compare it with a number in [0, 1], not {other.value:g}")
+        if _same_quantity(claim, compiled, paths, varied):
+            fail(
+                "both sides are the same quantity of the same cells, so the claim can never be decided; "
+                "compare two different cells (e.g. loops=4 against loops=1) or a quantity with a number"
+            )
+        _check_scale(compiled, i, claim, "min_effect")
+        _check_margin(compiled, i, claim)
+
+
+def _range(metric: str | None, compiled: CompiledStudy) -> tuple[float, float] | None:
+    """The range a metric cannot leave in every cell of the study, as the cells' tasks declare it; None where
+    it is not known (`study.levels.metric_range`, which the analysis reads too)."""
+    return metric_range([cell.config for cell in compiled.cells], metric)
+
+
+def _same_quantity(claim, compiled: CompiledStudy, paths: list[str], varied: list[str]) -> bool:
+    """Both sides are one quantity (kind, metric, slope regressor) of the same cells and seeds."""
+    lhs, rhs = claim.lhs, claim.rhs
+    if not (isinstance(lhs, Quantity) and isinstance(rhs, Quantity)):
+        return False
+    if (lhs.kind, lhs.metric, lhs.x, lhs.log_x) != (rhs.kind, rhs.metric, rhs.x, rhs.log_x):
+        return False
+    if set(lhs.selector) == set(rhs.selector):
+        return True
+    seeds = lambda q: sorted(repr(v) for k, v in q.selector if k == "seed")  # noqa: E731
+    if seeds(lhs) != seeds(rhs) or any(k in ("baseline",) for k, _ in lhs.selector + rhs.selector):
+        return False
+    return _cells_of(lhs, compiled, paths, varied) == _cells_of(rhs, compiled, paths, varied)
+
+
+def _cells_of(q: Quantity, compiled: CompiledStudy, paths: list[str], varied: list[str]) -> set[str]:
+    chosen = set()
+    for cell in compiled.cells:
+        flat = flatten_config(cell.config)
+        ok = True
+        for key, value in q.selector:
+            column, _ = selector_column(key, paths, varied)
+            if column == "cell":
+                ok &= values_equal(cell.label, value)
+            elif column not in ("seed", "baseline", None):
+                ok &= values_equal(flat.get(column), value)
+        if ok:
+            chosen.add(cell.cell_hash)
+    return chosen
+
+
+def _check_margin(compiled: CompiledStudy, i: int, claim) -> None:
+    """`~=` needs a margin; `<` and `>` take none (a margin reads `>=` / `<=` as non-inferiority); a margin between
+    two failure rates has no exact test here; a margin must fit the scale (`_check_scale`)."""
+    study = compiled.study
+    entry = study.claims[i]
+    margin = getattr(entry, "margin", None)
+
+    def refuse(msg: str, field: str = "margin") -> None:
+        raise spec_error(study.source, study._node, ("claims", i, field), msg)
+
+    if claim.op == EQUIVALENT and margin is None:
+        refuse(
+            f"{claim.text!r} is an equivalence claim (~=): give its margin on the claim's scale, e.g. "
+            f"{{claim: {claim.text!r}, margin: 0.02}} (equivalent when the 90% interval of the difference lies "
+            "inside (-margin, margin))"
+        )
+    if claim.op == EQUIVALENT and getattr(entry, "min_effect", None) is not None:
+        refuse("an equivalence claim's effect of interest is its margin: leave min_effect out", "min_effect")
+    if margin is None:
+        return
+    if claim.op in ("<", ">"):
+        refuse(
+            f"a margin goes with >= or <= (non-inferiority: not worse by more than the margin) or ~= (equivalence); "
+            f"write {claim.text.replace(claim.op, claim.op + '=', 1)!r} with this margin, or leave the margin out"
+        )
+    if all(q.kind == "failure_rate" for q in claim.quantities) and len(claim.quantities) == 2:
+        refuse(
+            "no exact test of a difference of failure rates within a margin is built; compare each rate with a "
+            "number (failure_rate[...] < 0.2, with a margin), or leave the margin out"
+        )
+    _check_scale(compiled, i, claim, "margin")
+
+
+def _check_scale(compiled: CompiledStudy, i: int, claim, field: str) -> None:
+    """A `min_effect` or `margin` the claim's scale cannot hold (a difference of accuracies of 5) makes its
+    seeds-needed, futility or equivalence meaningless: refused, naming the field, where the scale's bound is
+    known."""
+    study = compiled.study
+    entry = study.claims[i]
+    effect = getattr(entry, field, None)
+    if effect is None:
+        return
+    sides = claim.quantities
+    kinds = {q.kind for q in sides}
+    if kinds == {"failure_rate"}:
+        width, what = 1.0, "a difference of failure rates (shares)"
+    elif kinds <= {"mean", "median", "iqm"}:
+        spans = [_range(q.metric, compiled) for q in sides]
+        if any(span is None for span in spans):
+            return
+        width = max(hi - lo for lo, hi in spans)
+        what = f"a difference of {sides[0].metric}, which lies in [{spans[0][0]:g}, {spans[0][1]:g}]"
+    else:  # a slope: per unit (or per ln) of its regressor, whose span the study file does not bound
+        return
+    if effect >= width:
+        raise spec_error(
+            study.source,
+            study._node,
+            ("claims", i, field),
+            f"{effect:g} is {what}, so no effect can reach it; give an effect below {width:g} (e.g. {width / 20:g})",
+        )
 
 
 def _column(key: str, paths: list[str], varied: list[str], fail: Callable[[str], None]) -> str:
@@ -130,6 +239,10 @@ def claim_reach(compiled: CompiledStudy) -> list[Reach]:
     seeds = len(study.seed_values)  # a sequential design: the most seeds it can reach (`max`)
     labels = [c.label for c in compiled.cells]
 
+    def span_of(metric: str | None) -> tuple[float, float] | None:  # as `analysis.bounded.range_of` reads it
+        span = _range(metric, compiled)
+        return span if span is not None and all(map(math.isfinite, span)) else None
+
     def cells(q) -> list[int]:
         chosen = []
         for i, f in enumerate(flat):
@@ -155,7 +268,7 @@ def claim_reach(compiled: CompiledStudy) -> list[Reach]:
         claim = parse_claim(text)
         lhs, op, rhs = claim.lhs, claim.op, claim.rhs
         if isinstance(lhs, Number):
-            lhs, op, rhs = rhs, {"<": ">", ">": "<", "<=": ">=", ">=": "<="}[op], lhs
+            lhs, op, rhs = rhs, flip(op), lhs
         n = seeds_of(lhs)
         if lhs.kind == "failure_rate" and isinstance(rhs, Number):
             trials = n * max(len(cells(lhs)), 1)
@@ -187,11 +300,11 @@ def claim_reach(compiled: CompiledStudy) -> list[Reach]:
                 Reach(i, text, "bootstrap (from 10 seeds a side)", 0.0 if n >= 10 else 1.0, n, 10 if n < 10 else None)
             )
         else:
-            out.append(_continuous(i, text, lhs, op, rhs, n, study.failure is not None, len(cells(lhs))))
+            out.append(_continuous(i, text, lhs, op, rhs, n, study.failure is not None, len(cells(lhs)), span_of))
     return out
 
 
-def _continuous(i: int, text: str, lhs, op: str, rhs, n: int, rule: bool, cells: int) -> Reach:
+def _continuous(i: int, text: str, lhs, op: str, rhs, n: int, rule: bool, cells: int, span_of) -> Reach:
     """t-based claims: any p from 2 seeds; the exact fallback on bimodal or failure-split seeds."""
     if n < 2:
         return Reach(i, text, "t-test", 1.0, n, 2)
@@ -199,7 +312,15 @@ def _continuous(i: int, text: str, lhs, op: str, rhs, n: int, rule: bool, cells:
         if rule:
             why = "not decided in a study with a failure rule (seeds may fail): claim a failure rate"
             return Reach(i, text, f"{lhs.kind} against a number", 1.0, n, None, why)
-        span = known_range(lhs.metric) if lhs.kind == "mean" else None
+        span = span_of(lhs.metric)
+        if span is None:
+            why = (
+                f"{lhs.metric} has no known range, and no test of a {lhs.kind} against a number holds on skewed "
+                f"seeds without one: claim median({lhs.metric}) (the exact sign test) or compare two cells"
+            )
+            return Reach(i, text, f"{lhs.kind} against a number", 1.0, n, None, why)  # fmt: skip
+        if lhs.kind == "iqm":
+            span = None
         if span is not None and span[0] < rhs.value < span[1]:  # the distribution-free gate decides with it
             share = (rhs.value - span[0]) / (span[1] - span[0])
             worst = share if op in (">", ">=") else 1 - share  # every seed at the far end of the range
@@ -220,7 +341,7 @@ def _continuous(i: int, text: str, lhs, op: str, rhs, n: int, rule: bool, cells:
     if flip >= ALPHA:
         least = _first(lambda m: 0.5**m < ALPHA)
         fallback += f", which decides nothing below {least} seeds"
-        tie_needs = least if known_range(lhs.metric) is not None else None
+        tie_needs = least if span_of(lhs.metric) is not None else None
     return Reach(i, text, "paired t" if lhs.kind == "mean" else "paired Yuen", 0.0, n, None, fallback, tie_needs)
 
 

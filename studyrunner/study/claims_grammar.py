@@ -6,7 +6,7 @@ fields, looked up by the analysis layer.
 
 Claims (one comparison each; whitespace is free)::
 
-    claim     := side CMP side                     CMP: <  >  <=  >=
+    claim     := side CMP side                     CMP: <  >  <=  >=  ~=  (≈ is ~=)
     side      := NUMBER | quantity
     quantity  := target [ '[' selector ']' ]
     target    := METRIC                            mean of the metric over seeds
@@ -18,9 +18,13 @@ Claims (one comparison each; whitespace is free)::
                                                    (model.params.loops), or cell / family / task / baseline
     VALUE     := NUMBER | WORD | 'quoted string' | "quoted string"
 
+`~=` (equivalence) and a `>=` / `<=` read as non-inferiority need the entry's `margin:` (claim_entries.py);
+without one, `>=` reads as `>` and `<=` as `<`.
+
 Examples::
 
     eval_exact_match[memory_slots=0] < eval_exact_match[memory_slots=8]
+    eval_accuracy[block_layers=1, loops=4] ~= eval_accuracy[block_layers=4, loops=1]     (with margin: 0.02)
     failure_rate[halt_bias_init=0] > failure_rate[halt_bias_init=-3]
     slope(eval_accuracy ~ ln effective_depth)[family=looped] > 0
     iqm(eval_accuracy)[loops=4] >= 0.5
@@ -49,7 +53,8 @@ MAX_LENGTH = 1000  # characters per claim or rule
 MAX_DEPTH = 50  # nested parentheses and `not`s in a rule (the parser recurses; Python's stack does not)
 
 FUNCTIONS = ("mean", "median", "iqm", "slope")
-CLAIM_OPS = ("<", ">", "<=", ">=")
+CLAIM_OPS = ("<", ">", "<=", ">=", "~=")
+EQUIVALENT = "~="  # `≈` is read as this operator
 RULE_OPS = ("<", ">", "<=", ">=", "==", "!=")
 KEYWORDS = ("and", "or", "not")
 NON_FINITE = ("inf", "infinity", "nan")  # words YAML or Python would read as numbers; never a claim's number
@@ -71,7 +76,7 @@ _TOKEN = re.compile(
   | (?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)
   | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)
   | (?P<string>'[^'\n]*'|"[^"\n]*")
-  | (?P<op><=|>=|==|!=|<|>|=|~)
+  | (?P<op><=|>=|==|!=|~=|≈|<|>|=|~)
   | (?P<arith>[-+*/%])
   | (?P<punct>[\[\](),])
     """,
@@ -106,7 +111,7 @@ def tokenize(text: str) -> list[Token]:
         if kind == "number" and m.group()[0] in "+-" and after_value:
             raise GrammarError("arithmetic is not part of the grammar", i + 1, text)  # `a-1`, `x+2`
         if kind != "space":
-            tokens.append(Token(kind, m.group(), i + 1))
+            tokens.append(Token(kind, EQUIVALENT if m.group() == "≈" else m.group(), i + 1))
         i = m.end()
     tokens.append(Token("end", "", len(text) + 1))
     return tokens
@@ -196,7 +201,7 @@ class _ClaimParser(_Parser):
         if op.kind != "op" or op.text not in CLAIM_OPS:
             if op.text in ("==", "!=", "="):
                 self.fail("claims compare with <, >, <= or >= (equality cannot be shown from seeds)")
-            self.fail("expected a comparison (<, >, <=, >=)")
+            self.fail("expected a comparison (<, >, <=, >=, ~=)")
         self.i += 1
         rhs = self.side()
         self.end()
@@ -289,6 +294,11 @@ class _ClaimParser(_Parser):
             self.i += 1
             return {"true": True, "false": False, "null": None}.get(tok.text, tok.text)
         self.fail("expected a value (a number, a word or a quoted string)")
+
+
+def flip(op: str) -> str:
+    """The operator read from the other side (`0.5 < x` is `x > 0.5`; `~=` is symmetric)."""
+    return {"<": ">", ">": "<", "<=": ">=", ">=": "<=", EQUIVALENT: EQUIVALENT}[op]
 
 
 def parse_claim(text: str) -> Claim:

@@ -242,7 +242,23 @@ def compile_study(study: Study) -> CompiledStudy:
     ]
     compiled = CompiledStudy(study, cells, trials, warnings)
     check_feasible(compiled)
+    if study.tune is not None:
+        _check_tunable(compiled)
     return compiled
+
+
+def _check_tunable(compiled: CompiledStudy) -> None:
+    """Every cell's task has a validation split apart from its test split (what a tuning chooses on)."""
+    from ..tasks import build_task
+
+    for cell in compiled.cells:
+        task = build_task(cell.config["task"]["name"], cell.config["task"]["params"], seed=0)
+        if not task.has_validation():
+            raise spec_error(
+                compiled.study.source, compiled.study._node, ("tune",),
+                f"task {cell.config['task']['name']!r} (cell '{cell.label}') has no validation split apart from its "
+                "test split, so nothing can be chosen on it without flattering the choice; drop `tune:`",
+            )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------- searches

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, PrivateAttr, field_validator
+from pydantic import AfterValidator, Field, PrivateAttr, field_validator, model_validator
 
 from ..params import _prepare
 from .claim_entries import ClaimEntry, claim_texts
@@ -28,6 +28,7 @@ from .sections import (
     Schedule,
     Strict,
     TaskSection,
+    TuneSection,
 )
 from .seeds import MAX_SEED, MAX_SEQUENTIAL_SEEDS, SEEDS_TAGS, SeedsField, SequentialSeeds
 from .train_section import DISTILL_DEFAULTS, JSD_BETA_DEFAULT, DeepSpeedSection, TrainSection
@@ -54,6 +55,7 @@ __all__ = [
     "Study",
     "TaskSection",
     "TrainSection",
+    "TuneSection",
     "claim_texts",
 ]
 
@@ -97,6 +99,13 @@ class Study(Strict):
         description="An Optuna search over study-file paths (docs/guide/searches.md): n_trials configurations, each "
         "run once per seed; with grid axes, one search per grid cell.",
     )
+    tune: TuneSection | None = Field(
+        None,
+        description="Settings chosen per cell before its seeds run, e.g. {grid: {train.lr: [1.0e-3, 2.0e-3, "
+        "4.0e-3]}}: every cell trained once at each value (seed `tune.seed`), scored on the validation split, "
+        "and run with its best value, so that arms of different depth each train at their own learning rate "
+        "(docs/guide/study-files.md#tuning-per-cell).",
+    )
     resources: Resources = Field(default_factory=Resources)
     metric: MetricSpec = Field(default_factory=MetricSpec)
     baselines: list[Literal["iso_param", "iso_flop"]] = Field(
@@ -110,6 +119,14 @@ class Study(Strict):
         description="Findings the study expects, checked by `studyrunner verify`: each a string, e.g. "
         "'eval_accuracy[loops=4] > eval_accuracy[loops=1]', or a mapping {claim: ..., min_effect: 0.05} "
         "(grammar and tests: docs/analysis/claims.md).",
+    )
+    multiplicity: Literal["none", "holm"] | None = Field(
+        None,
+        description="How the claims share the error rate. holm: a sequential study's looks run the graphical "
+        "group-sequential Holm design (each claim starts with an equal share of alpha; a claim decided at a look "
+        "passes its share on to the others, which are tested again at their larger level), so the chance that any "
+        "claim is wrongly supported stays at alpha; none (default): each claim at alpha on its own "
+        "(docs/analysis/sequential.md). With a list of seeds, `verify --holm` is Holm's step-down.",
     )
     failure: Annotated[str, AfterValidator(_check_rule)] | None = Field(
         None,
@@ -157,6 +174,19 @@ class Study(Strict):
         import yaml
 
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    @model_validator(mode="after")
+    def _tune_fits(self) -> Study:
+        if self.tune is None:
+            return self
+        if self.search is not None:
+            raise ValueError("tune: a search study chooses its settings itself; give `tune:` or `search:`, not both")
+        from .tuning import SUFFIX  # here: tuning.py imports the compiled study, which imports this module
+
+        if len(self.name) + len(SUFFIX) > 64:
+            raise ValueError(f"name: a study with `tune:` has a name of at most {64 - len(SUFFIX)} characters "
+                             f"(its tuning study is named NAME{SUFFIX})")  # fmt: skip
+        return self
 
     @field_validator("baselines")
     @classmethod

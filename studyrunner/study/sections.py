@@ -88,6 +88,12 @@ class EvalSection(Strict):
         "repr_erank_step_t, repr_cka_i_j, ...) at every evaluation, on a probe batch of 64 examples; unset = "
         "true. false saves their cost (about a quarter of an evaluation) and their metrics.",
     )
+    split: Literal["test", "validation"] | None = Field(
+        None,
+        description="The held-out split the eval_* metrics are measured on: test (unset: what claims are scored on) "
+        "or validation (apart from test: what a `tune:` section chooses on, so that choosing and scoring never "
+        "share examples).",
+    )
 
     @field_validator("loops", "budgets")
     @classmethod
@@ -98,7 +104,7 @@ class EvalSection(Strict):
 
     @model_serializer(mode="wrap")
     def _omit_unset_knobs(self, handler: SerializerFunctionWrapHandler) -> Any:
-        knobs = frozenset({"loops", "halt_collapse_fraction", "budgets", "trajectory", "representations"})
+        knobs = frozenset({"loops", "halt_collapse_fraction", "budgets", "trajectory", "representations", "split"})
         return omit_unset(handler(self), knobs)
 
 
@@ -124,6 +130,34 @@ class Resources(Strict):
 class MetricSpec(Strict):
     name: str = Field("eval_accuracy", pattern=r"^[a-z][a-z0-9_]*$")
     mode: Literal["max", "min"] = "max"
+
+
+class TuneSection(Strict):
+    """Settings chosen per cell before the seeds run (`tune:`): each cell's trial at every value of `grid`, one
+    seed, scored on the validation split; the best value is the cell's, and its seeds run with it."""
+
+    grid: dict[str, list[Any]] = Field(
+        description="train.* paths and the values to try, e.g. {train.lr: [1.0e-3, 2.0e-3, 4.0e-3]} (several "
+        "paths: every combination).",
+    )
+    metric: MetricSpec | None = Field(
+        None, description="What the choice maximises or minimises on the validation split [default: the study's]."
+    )
+    seed: int = Field(
+        1000, ge=0, le=2**31 - 1, description="The one seed every tuning trial runs (apart from the study's seeds)."
+    )
+
+    @field_validator("grid")
+    @classmethod
+    def _train_paths(cls, grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        if not grid:
+            raise ValueError("give at least one path to tune, e.g. {train.lr: [1.0e-3, 2.0e-3, 4.0e-3]}")
+        for path, values in grid.items():
+            if not path.startswith("train.") or path.count(".") != 1:
+                raise ValueError(f"{path!r}: only train.* settings are tuned (e.g. train.lr, train.warmup_steps)")
+            if len(values) < 2 or len({repr(v) for v in values}) != len(values):
+                raise ValueError(f"{path}: give at least two distinct values to choose from")
+        return grid
 
 
 class AnalysisSection(Strict):

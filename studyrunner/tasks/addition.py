@@ -17,7 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ..params import StrictParams
 from .base import Batch, Task, TaskFacts
-from .holdout import HOLDOUT, draw
+from .holdout import HOLDOUT, VALIDATION, draw, draw_apart
 from .registry import register_task
 
 PLUS, EQUALS = 10, 11
@@ -51,6 +51,8 @@ class AdditionParams(StrictParams):
 
 
 class Addition(Task):
+    answer_choices = 10  # an answer digit
+
     def __init__(self, params: AdditionParams, seed: int):
         self.p, self.seed = params, seed
         max_n = max(params.train_operands + params.eval_operands)
@@ -72,10 +74,16 @@ class Addition(Task):
             answer = answer[:, ::-1]
         return np.concatenate([prompt, answer], axis=1)
 
+    def _operands(self, n: int):
+        high = 10**self.p.digits
+        return lambda r, k: (r.integers(0, high, size=(k, n)),)
+
     def _batch(self, rng: np.random.Generator, count: int, n: int, want_eval: bool) -> Batch:
         """Operand tuples from one side of the fixed train/eval partition (see `holdout`)."""
-        high = 10**self.p.digits
-        (operands,) = draw(lambda r, k: (r.integers(0, high, size=(k, n)),), rng, count, _SALT, want_eval)
+        (operands,) = draw(self._operands(n), rng, count, _SALT, want_eval)
+        return self._batch_of(operands)
+
+    def _batch_of(self, operands: np.ndarray) -> Batch:
         seq = torch.from_numpy(self.sequences(operands))
         inputs, targets = seq[:, :-1], seq[:, 1:]
         mask = torch.zeros_like(targets, dtype=torch.bool)
@@ -99,6 +107,15 @@ class Addition(Task):
             f"n{n}": self._batch(np.random.default_rng([0xE7A1, n, self.p.digits]), examples, n, want_eval=True)
             for n in self.p.eval_operands
         }
+
+    def validation_sets(self, examples: int) -> dict[str, Batch]:
+        out = {}
+        for n in self.p.eval_operands:
+            (taken,) = draw(self._operands(n), np.random.default_rng([0xE7A1, n, self.p.digits]), examples, _SALT, True)
+            rng = np.random.default_rng([VALIDATION, n, self.p.digits])
+            (operands,) = draw_apart(self._operands(n), rng, examples, _SALT, taken)
+            out[f"n{n}"] = self._batch_of(operands)
+        return out
 
 
 @register_task("addition", AdditionParams)

@@ -5,10 +5,13 @@ Tasks are pure Python/PyTorch: they import nothing from the platform.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
+
+from .levels import HIGHER_BETTER, MetricLevels, bounded, guessing, loss_levels
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,14 @@ class Task:
         """Held-out splits, keyed by split suffix ('' for a task with one split, e.g. 'n8')."""
         raise NotImplementedError
 
+    def validation_sets(self, examples: int) -> dict[str, Batch]:
+        """Held-out splits apart from `eval_sets` (the test splits: no example in common), with the same keys:
+        what a study's `tune:` section chooses on (`eval.split: validation`). Tasks without one cannot be tuned."""
+        raise NotImplementedError(f"{type(self).__name__} has no validation split apart from its test split")
+
+    def has_validation(self) -> bool:
+        return type(self).validation_sets is not Task.validation_sets
+
     # Tasks whose answers are generated (a decoding evaluation, train/decoding.py, runs at the final
     # evaluation for families with a KV cache): `decodes`; whether a prediction at a scored position
     # is fed back as the next input (free-running answers) or the true next token is (streaming a text).
@@ -99,6 +110,50 @@ class Task:
         names |= {f"eval_{k}_{split}" for k in kinds for split in self.split_names() if split}
         return names
 
+    # --- what the metrics can read (tasks/levels.py) --------------------------------------------------
+
+    # How many answers a scored position can take (the alphabet of the answer), for the chance level; a task
+    # whose choices differ by position overrides `answer_choices_of`.
+    answer_choices: int | None = None
+
+    def answer_choices_of(self, batch: Batch) -> torch.Tensor:
+        """(B, T) how many answers each position can take (only the scored ones are read)."""
+        return torch.full_like(batch.targets, self.answer_choices or self.facts.vocab_size, dtype=torch.float64)
+
+    def scored_positions(self, batch: Batch) -> torch.Tensor:
+        """(B, T) the positions accuracy and exact match count (`metrics`): the loss's, unless overridden."""
+        return batch.loss_mask
+
+    def heuristic_floors(self, batch: Batch) -> dict[str, tuple[float, str]]:
+        """{metric kind: (expected score, the strategy)} of the best strategy known that reads the input but does
+        not do the task's computation, where it beats chance on this eval batch (none by default)."""
+        return {}
+
+    def metric_levels(self, examples: int) -> dict[str, MetricLevels]:
+        """{eval metric name: its levels} on the eval sets of `examples` examples: per split (`eval_accuracy_n8`)
+        and unsuffixed (the mean over splits, as `evaluate` reports it)."""
+        per_split: dict[str, dict[str, MetricLevels]] = {}
+        for split, batch in self.eval_sets(examples).items():
+            chance = guessing(self.answer_choices_of(batch), self.scored_positions(batch), batch.loss_mask)
+            floors = self.heuristic_floors(batch)
+            kinds: dict[str, MetricLevels] = {}
+            for kind in ("loss", *self.metric_kinds):
+                floor, strategy = floors.get(kind, (None, ""))
+                if kind in HIGHER_BETTER:
+                    kinds[kind] = bounded(chance[kind], floor, strategy)
+                elif kind == "loss":
+                    kinds[kind] = loss_levels(chance["loss"], floor, strategy)
+                elif kind == "bpc":
+                    kinds[kind] = loss_levels(chance["loss"] / math.log(2), floor, strategy)
+            per_split[split] = kinds
+        out = {}
+        for split, kinds in per_split.items():
+            if split:
+                out.update({f"eval_{kind}_{split}": levels for kind, levels in kinds.items()})
+        for kind in next(iter(per_split.values()), {}):
+            out[f"eval_{kind}"] = _mean_levels([kinds[kind] for kinds in per_split.values()])
+        return out
+
     def loss(self, logits: torch.Tensor, batch: Batch, weights: torch.Tensor | None = None) -> torch.Tensor:
         """Mean cross-entropy over the scored positions; with `weights` (B, T), of each position's
         cross-entropy times its weight (one term of an expected loss over a model's exits)."""
@@ -119,3 +174,14 @@ class Task:
         accuracy = correct.sum().item() / max(1, mask.sum().item())
         exact = (correct | ~mask).all(dim=1).float().mean().item()
         return {"accuracy": accuracy, "exact_match": exact}
+
+
+def _mean_levels(levels: list[MetricLevels]) -> MetricLevels:
+    """The levels of a mean over splits: each level averaged (a floor only where every split has one)."""
+    first = levels[0]
+
+    def mean(values):
+        return None if any(v is None for v in values) else sum(values) / len(values)
+
+    floors = [lv.floor for lv in levels]
+    return replace(first, chance=mean([lv.chance for lv in levels]), floor=mean(floors))

@@ -13,6 +13,8 @@ import hashlib
 import numpy as np
 
 HOLDOUT = 16  # one example in 16 is reserved for evaluation
+# The first element of a validation set's RNG key (a test set's is 0xE7A1): both come from the held-out part.
+VALIDATION = 0x7A11
 
 
 def row_hash(rows: np.ndarray, salt: int) -> np.ndarray:
@@ -54,3 +56,17 @@ def draw(sample, rng: np.random.Generator, count: int, salt: int, want_eval: boo
             return tuple(np.concatenate([p[i] for p in parts])[:count] for i in range(len(parts[0])))
     side = "eval" if want_eval else "train"
     raise RuntimeError(f"could not draw {count} {side} examples in {max_rounds} rounds: the example space is too small")
+
+
+def draw_apart(sample, rng: np.random.Generator, count: int, salt: int, taken: np.ndarray) -> tuple:
+    """`count` held-out examples none of which is a row of `taken` (the test set's keys): a validation set from
+    the same held-out part of the example space as the test set, sharing no example with it."""
+    seen = {row.tobytes() for row in np.ascontiguousarray(taken, dtype="<i8")}
+
+    def apart(r: np.random.Generator, k: int) -> tuple:
+        out = sample(r, k)
+        keys = np.ascontiguousarray(out[0], dtype="<i8")
+        keep = np.array([row.tobytes() not in seen for row in keys], dtype=bool)
+        return tuple(a[keep] for a in out)
+
+    return draw(apart, rng, count, salt, want_eval=True)

@@ -29,7 +29,7 @@ from pydantic import Field, model_validator
 
 from ..params import StrictParams
 from .base import Batch, Task, TaskFacts
-from .holdout import HOLDOUT, draw
+from .holdout import HOLDOUT, VALIDATION, draw, draw_apart
 from .registry import register_task
 
 _SALT = 0x3A7
@@ -60,6 +60,7 @@ class Mqar(Task):
     decode_feedback = True
 
     def __init__(self, params: MqarParams, seed: int):
+        self.answer_choices = params.values
         self.p, self.seed = params, seed
         self.facts = TaskFacts(
             vocab_size=params.keys + params.values, seq_len=2 * (params.pairs + params.queries) - 1, causal=True
@@ -87,10 +88,18 @@ class Mqar(Task):
         (sequences,) = draw(self._sample, rng, batch_size, _SALT, want_eval=False)
         return self._batch(sequences)
 
-    def eval_sets(self, examples: int) -> dict[str, Batch]:
+    def _key(self) -> list[int]:
         p = self.p
-        rng = np.random.default_rng([0xE7A1, _SALT, p.pairs, p.queries, p.keys, p.values])
-        (sequences,) = draw(self._sample, rng, examples, _SALT, want_eval=True)
+        return [_SALT, p.pairs, p.queries, p.keys, p.values]
+
+    def eval_sets(self, examples: int) -> dict[str, Batch]:
+        (sequences,) = draw(self._sample, np.random.default_rng([0xE7A1, *self._key()]), examples, _SALT, True)
+        return {"": self._batch(sequences)}
+
+    def validation_sets(self, examples: int) -> dict[str, Batch]:
+        (taken,) = draw(self._sample, np.random.default_rng([0xE7A1, *self._key()]), examples, _SALT, True)
+        rng = np.random.default_rng([VALIDATION, *self._key()])
+        (sequences,) = draw_apart(self._sample, rng, examples, _SALT, taken)
         return {"": self._batch(sequences)}
 
 

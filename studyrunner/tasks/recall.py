@@ -28,7 +28,7 @@ from pydantic import Field, model_validator
 
 from ..params import StrictParams
 from .base import Batch, Task, TaskFacts
-from .holdout import HOLDOUT, draw, is_eval
+from .holdout import HOLDOUT, VALIDATION, draw, draw_apart, is_eval
 from .registry import register_task
 
 MIN_TUPLES = 1024  # ordered distinct key tuples needed so the held-out 1/16 is never empty
@@ -90,6 +90,7 @@ def distinct_rows(rng: np.random.Generator, count: int, n: int, q: int) -> np.nd
 
 class Recall(Task):
     def __init__(self, params: RecallParams, seed: int):
+        self.answer_choices = params.values
         self.p, self.seed = params, seed
         self.keys, self.values = make_table(params)
         block = params.key_len + 1
@@ -119,10 +120,17 @@ class Recall(Task):
         (tuples,) = draw(self._sample, rng, batch_size, _SALT, want_eval=False)
         return self._batch(tuples)
 
-    def eval_sets(self, examples: int) -> dict[str, Batch]:
+    def _key(self) -> list[int]:
         p = self.p
-        rng = np.random.default_rng([0xE7A1, p.table_seed, p.key_alphabet, p.key_len, p.table_size, p.values])
-        (tuples,) = draw(self._sample, rng, examples, _SALT, want_eval=True)
+        return [p.table_seed, p.key_alphabet, p.key_len, p.table_size, p.values]
+
+    def eval_sets(self, examples: int) -> dict[str, Batch]:
+        (tuples,) = draw(self._sample, np.random.default_rng([0xE7A1, *self._key()]), examples, _SALT, True)
+        return {"": self._batch(tuples)}
+
+    def validation_sets(self, examples: int) -> dict[str, Batch]:
+        (taken,) = draw(self._sample, np.random.default_rng([0xE7A1, *self._key()]), examples, _SALT, True)
+        (tuples,) = draw_apart(self._sample, np.random.default_rng([VALIDATION, *self._key()]), examples, _SALT, taken)
         return {"": self._batch(tuples)}
 
     def is_eval_example(self, tuples: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ from pydantic import Field, model_validator
 
 from ..params import StrictParams
 from .base import Batch, Task, TaskFacts
-from .holdout import HOLDOUT, draw, is_eval
+from .holdout import HOLDOUT, VALIDATION, draw, draw_apart, is_eval
 from .registry import register_task
 
 MIN_SPACE = 4096
@@ -60,6 +60,7 @@ class VarAssignParams(StrictParams):
 class VarAssign(Task):
     def __init__(self, params: VarAssignParams, seed: int):
         self.p, self.seed = params, seed
+        self.answer_choices = params.values
         base = params.names + params.values
         self.eq, self.comma, self.query = base, base + 1, base + 2
         self.statements = (params.depth + 1) * params.width
@@ -99,10 +100,18 @@ class VarAssign(Task):
         rng = np.random.default_rng([self.seed, step, 0x7A5])
         return Batch.answer_at_end(*draw(self._sample, rng, batch_size, _SALT, want_eval=False))
 
-    def eval_sets(self, examples: int) -> dict[str, Batch]:
+    def _key(self) -> list[int]:
         p = self.p
-        rng = np.random.default_rng([0xE7A1, p.depth, p.width, p.names, p.values, int(p.shuffle)])
+        return [p.depth, p.width, p.names, p.values, int(p.shuffle)]
+
+    def eval_sets(self, examples: int) -> dict[str, Batch]:
+        rng = np.random.default_rng([0xE7A1, *self._key()])
         return {"": Batch.answer_at_end(*draw(self._sample, rng, examples, _SALT, want_eval=True))}
+
+    def validation_sets(self, examples: int) -> dict[str, Batch]:
+        taken, _ = draw(self._sample, np.random.default_rng([0xE7A1, *self._key()]), examples, _SALT, True)
+        rng = np.random.default_rng([VALIDATION, *self._key()])
+        return {"": Batch.answer_at_end(*draw_apart(self._sample, rng, examples, _SALT, taken))}
 
     def is_eval_example(self, seqs: np.ndarray) -> np.ndarray:
         return is_eval(seqs, _SALT)

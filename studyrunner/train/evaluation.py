@@ -125,33 +125,64 @@ def evaluate_schedules(
     model: torch.nn.Module, task: Task, splits: dict[str, Batch], m: int, suffix: str
 ) -> dict[str, float]:
     """Every M-step trajectory on the model's 1/L grid (LoopFormer §4.4): each one's headline metrics as
-    `{name}{suffix}_steps_{units}` (step sizes in grid units, e.g. _steps_4_2_1_1), and across them
-    `_min`, `_max`, `_spread` (max - min), `_front_rho`: the Spearman correlation of the metric with how
-    front-loaded the trajectory is (`trajectories.front_loading`; omitted when either is constant), and the
-    paper's own statement ("the best schedules are front-loaded"): `_best_front`, the front-loading of the
-    best trajectory (the mean over those tied for best), and `_top_front`, the mean front-loading of the best
-    fifth (above 0.5, the uniform trajectory's: the best are front-loaded). Best: the lowest loss, the
-    highest accuracy or exact match."""
+    `{name}{suffix}_steps_{units}` (step sizes in grid units, e.g. _steps_4_2_1_1), and across them:
+
+    - `_min`, `_max`: the test-half score of the trajectory that is lowest (highest) on the validation half,
+      and `_spread` (max - min); the trajectories are ranked on one half of the eval examples and the chosen
+      one is scored on the other (`held_out_halves`), so the best of 35 is not inflated by the noise it was
+      chosen for (`selection_heldout` = 1 says a trial did this: analysis/validity.py's `selection` threat);
+    - `_front_rho`: the Spearman correlation of the metric with how front-loaded the trajectory is
+      (`trajectories.front_loading`; omitted when either is constant), over every trajectory (no selection);
+    - the paper's own statement ("the best schedules are front-loaded"): `_best_front`, the front-loading of
+      the best trajectory on the validation half (the mean over those tied for best), and `_top_front`, the
+      mean front-loading of its best fifth (above 0.5, the uniform trajectory's: the best are front-loaded).
+
+    Best: the lowest loss, the highest accuracy or exact match. The `_steps_` scores are over every example.
+    Ranking on one half and scoring on the other costs a second pass over the examples per trajectory."""
     grid = model.trajectory_grid
     headline = ["eval_loss", *(f"eval_{kind}" for kind in task.metric_kinds)]
     trajectories = grid_trajectories(grid, m)
+    validation, test = held_out_halves(splits)
     values: dict[str, list[float]] = defaultdict(list)
+    ranked: dict[str, list[float]] = defaultdict(list)
+    scored: dict[str, list[float]] = defaultdict(list)
     record: dict[str, float] = {}
     for steps in trajectories:
         at = evaluate(model, task, splits, trajectory=steps)
+        on_validation = evaluate(model, task, validation, trajectory=steps, representations=False)
+        on_test = evaluate(model, task, test, trajectory=steps, representations=False)
         for name in headline:
             record[f"{name}{suffix}_steps_{grid_label(steps, grid)}"] = at[name]
             values[name].append(at[name])
+            ranked[name].append(on_validation[name])
+            scored[name].append(on_test[name])
     fronts = [front_loading(steps) for steps in trajectories]
     for name, series in values.items():
-        record[f"{name}{suffix}_min"], record[f"{name}{suffix}_max"] = min(series), max(series)
-        record[f"{name}{suffix}_spread"] = max(series) - min(series)
+        low = min(range(len(series)), key=ranked[name].__getitem__)
+        high = max(range(len(series)), key=ranked[name].__getitem__)
+        record[f"{name}{suffix}_min"], record[f"{name}{suffix}_max"] = scored[name][low], scored[name][high]
+        record[f"{name}{suffix}_spread"] = scored[name][high] - scored[name][low]
         rho = spearman(fronts, series)
         if rho is not None:
             record[f"{name}{suffix}_front_rho"] = rho
-        best, top = best_fronts(fronts, series, lower_is_better=name == "eval_loss")
+        best, top = best_fronts(fronts, ranked[name], lower_is_better=name == "eval_loss")
         record[f"{name}{suffix}_best_front"], record[f"{name}{suffix}_top_front"] = best, top
+    record["selection_heldout"] = 1.0
     return record
+
+
+def held_out_halves(splits: dict[str, Batch]) -> tuple[dict[str, Batch], dict[str, Batch]]:
+    """Each split's eval examples in two disjoint halves, interleaved (even examples: validation, odd: test),
+    so that a choice made on one is scored on the other."""
+    validation, test = {}, {}
+    for split, data in splits.items():
+        index = torch.arange(len(data))
+        validation[split], test[split] = _take(data, index[0::2]), _take(data, index[1::2])
+    return validation, test
+
+
+def _take(data: Batch, index: torch.Tensor) -> Batch:
+    return Batch(data.inputs[index], data.targets[index], data.loss_mask[index])
 
 
 def best_fronts(fronts: list[float], series: list[float], *, lower_is_better: bool) -> tuple[float, float]:

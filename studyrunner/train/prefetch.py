@@ -28,6 +28,9 @@ from typing import Any
 
 import torch
 
+# as studyrunner.settings reads a switch (that module is the platform's: train imports nothing of it)
+ON, OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
 DEPTH = 2  # batches made ahead: one to hide the next step's generation, one of slack
 _STOP = object()
 
@@ -35,9 +38,9 @@ _STOP = object()
 def prefetch_enabled(device: torch.device) -> bool:
     """Whether a trial on `device` prefetches its train batches: on CUDA yes, on the CPU no (measured as
     no gain there, docs/performance.md); $STUDYRUNNER_PREFETCH (0 or 1) decides when set."""
-    forced = os.environ.get("STUDYRUNNER_PREFETCH", "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
+    forced = os.environ.get("STUDYRUNNER_PREFETCH", "").strip().lower()
+    if forced in ON + OFF:
+        return forced in ON
     return device.type == "cuda"
 
 

@@ -85,6 +85,9 @@ class Progress:
     # Every record reported so far ({"step": s, **metrics}), over every attempt: a checkpoint carries the
     # trial's whole curve, so an attempt resumed from it can send again what an earlier driver missed.
     records: list[dict[str, float]] = field(default_factory=list)
+    # A halting model's realised loop depth as training went, [step, loops] (flops.py: its FLOP count is taken at
+    # their mean); empty for every other model.
+    flop_depths: list[list[float]] = field(default_factory=list)
 
     def add_step(self, elapsed: float, tokens: int) -> None:
         self.step += 1
@@ -98,6 +101,7 @@ class Progress:
             "total_tokens": self.total_tokens,
             "last": dict(self.last),
             "records": [dict(r) for r in self.records],
+            "flop_depths": [list(d) for d in self.flop_depths],
         }
 
     @classmethod
@@ -105,4 +109,7 @@ class Progress:
         window = TrainWindow()
         window.load_state_dict(state["window"])
         records = [dict(r) for r in state.get("records", [])]  # none in checkpoints from before they were kept
-        return cls(state["step"], window, state["total_time"], state["total_tokens"], dict(state["last"]), records)
+        depths = [list(d) for d in state.get("flop_depths", [])]  # likewise
+        return cls(
+            state["step"], window, state["total_time"], state["total_tokens"], dict(state["last"]), records, depths
+        )

@@ -13,6 +13,7 @@ import torch
 from ..tasks import Batch, Task
 from .checkpoint import Checkpoints
 from .device import Runtime
+from .flops import StepFlops
 from .optim import lr_at
 from .prefetch import Prefetcher, prefetch_enabled
 from .progress import Progress
@@ -60,6 +61,7 @@ class TrialSetup:
     nan_at: int | None = None  # testing hook: the step whose loss is made NaN (see run_trial)
     batches: Prefetcher | None = None  # train batches made ahead, while one runs (prefetch.py)
     engine: Engine | None = None  # what computes steps and checkpoints (engine.py); build_trial sets it
+    flops: StepFlops | None = None  # the training step's counted FLOPs (flops.py); build_trial sets it
 
     @property
     def steps(self) -> int:

@@ -2,7 +2,8 @@
 
 Metric names are the product's vocabulary (docs/reference/metrics.md): train_loss, eval_loss, eval_accuracy,
 eval_exact_match, params, effective_depth, tokens_per_sec, step_time_ms, plus per-split suffixes
-(eval_accuracy_n8) and whatever diagnostics the model family returns.
+(eval_accuracy_n8) and whatever diagnostics the model family returns. The final metrics add the training
+FLOPs, counted once on the model as built (flops.py): train_flops, flops_per_token, flops_per_token_forward.
 
 The family stays unnamed here: the model returns raw auxiliary terms by name (weighted by
 `schedules.aux_weights`, logged as train_{term} and {term}_weight), may name parameter groups
@@ -48,6 +49,7 @@ from .device import Runtime
 from .engine import PlainEngine, train_step
 from .engine import capture_state as _capture  # noqa: F401 - benchmarks/utilisation.py times it
 from .evaluation import EVAL_CHUNK, evaluate, evaluate_and_record, teacher_scores
+from .flops import count_trial, depth_due, sample_depth, trial_metrics
 from .optim import make_optimizer
 from .outcomes import Diverged
 from .progress import Progress
@@ -140,12 +142,16 @@ def _train(trial: TrialSetup, progress: Progress, store: Checkpoints | None, rep
     if progress.step == 0:
         _log(trial, reporter, progress, 0, dict(trial.static))
     trial.model.train()
+    if progress.step == 0:
+        sample_depth(trial, progress, 0)
     while progress.step < trial.steps:
         lr, tokens = trial.engine.step(trial, progress)
         done = progress.step
         record = progress.window.record(lr, tokens) if trial.record_due(done) else {}
         with trial.runtime.autocast():
             record.update(evaluate_and_record(trial.model, trial.task, trial.splits, done, trial.steps, trial.ev))
+        if depth_due(trial, done):  # before the checkpoint, which keeps it
+            sample_depth(trial, progress, done)
         if record:
             progress.last.update(record)
             _log(trial, reporter, progress, done, record)
@@ -198,7 +204,8 @@ def build_trial(
         lr_groups=train.get("lr_groups"),
         param_groups=family_params(config["model"]).param_groups(),
     )
-    splits = {name: runtime.to_device(batch) for name, batch in task.eval_sets(ev["examples"]).items()}
+    held_out = task.validation_sets if ev.get("split") == "validation" else task.eval_sets  # tune: validation
+    splits = {name: runtime.to_device(batch) for name, batch in held_out(ev["examples"]).items()}
     static = {
         "params": float(count_params(model)),
         "effective_depth": float(model.effective_depth),
@@ -210,6 +217,7 @@ def build_trial(
     grad_groups = model.grad_norm_groups() if hasattr(model, "grad_norm_groups") else {}
     step_model = runtime.compiled(model)
     trial = TrialSetup(train, ev, task, model, optimizer, splits, static, grad_groups, runtime, step_model)
+    trial.flops = count_trial(trial)  # on the model as built: no engine has wrapped it yet (flops.py)
     trial.engine = make_engine(trial)  # last: DeepSpeed takes over the model and optimizer built above
     return trial
 
@@ -242,10 +250,12 @@ def load_teacher(teacher: dict[str, Any], facts, device: torch.device) -> torch.
     return model.to(device)
 
 
-def summary_metrics(trial: TrialSetup, progress: Progress) -> dict[str, float]:
-    """The latest value of every reported name, the static facts and throughput, over the steps taken
-    so far: a trial's final metrics once it finished. Throughput is left out while no step was timed."""
-    final = {**progress.last, **trial.static}
+def summary_metrics(trial: TrialSetup, progress: Progress, *, tokens: int | None = None) -> dict[str, float]:
+    """The latest value of every reported name, the static facts, throughput and FLOPs (flops.py), over the
+    steps taken so far: a trial's final metrics once it finished. Throughput is left out while no step was
+    timed. `tokens`: the input tokens of the trial's own training batches, where `progress.total_tokens`
+    counts more (seeds trained together)."""
+    final = {**progress.last, **trial.static, **trial_metrics(trial, progress, tokens)}
     if progress.step > 0 and progress.total_time > 0:
         final["step_time_ms"] = 1000 * progress.total_time / progress.step
         final["tokens_per_sec"] = progress.total_tokens / progress.total_time

@@ -29,7 +29,9 @@ What differs from separate trials:
   example where two logits nearly tie.
 - Throughput figures are of the batch of seeds: `step_time_ms` is the wall time of the shared step
   (which trains every seed), `tokens_per_sec` the tokens of every seed's batch per second of it; each
-  seed reports the same values. `train_time_s` is likewise the shared training time.
+  seed reports the same values. `train_time_s` is likewise the shared training time. FLOPs are each
+  seed's own (flops.py): counted on its own model as `run_trial` counts them, `train_flops` over its own
+  batches, so they equal a separate run's.
 - A seed whose train loss is not finite (or whose reporter raises `Diverged`) stops reporting at that
   step and its entry in the returned list is that `Diverged` (metrics filled in); the other seeds train
   on unaffected (nothing crosses between seeds' slices). It stays in the batch, computing nothing used.
@@ -130,13 +132,16 @@ def run_trials_together(
     progress = [Progress() for _ in seeds]
     outcome: list[Diverged | None] = [None] * len(seeds)
 
+    def summary(i: int) -> dict[str, float]:  # FLOPs over the seed's own batches, not every seed's
+        return summary_metrics(trials[i], progress[i], tokens=group.member_tokens[i])
+
     def deliver(i: int, send, *args: Any) -> None:
         """`send(seed i's reporter, *args)`; a `Diverged` the reporter raises ends that seed only."""
         try:
             send(reporters[i], *args)
         except Diverged as diverged:
             if diverged.metrics is None:
-                diverged.metrics = summary_metrics(trials[i], progress[i])
+                diverged.metrics = summary(i)
             outcome[i] = diverged
 
     for i, trial in enumerate(trials):
@@ -151,15 +156,16 @@ def run_trials_together(
             losses, aux, grad_norms, weights, elapsed, tokens = group.train_step(step, lr)
             done = step + 1
             group.step = done
-            for i, trial in enumerate(trials):
+            for i in range(len(trials)):
                 if outcome[i] is not None:
                     continue
                 if not math.isfinite(losses[i]):
                     outcome[i] = Diverged(done, f"train loss is {losses[i]} at step {done}")
-                    outcome[i].metrics = summary_metrics(trial, progress[i])
+                    outcome[i].metrics = summary(i)
                     continue
                 progress[i].window.add(losses[i], elapsed, aux[i], grad_norms[i], weights)
                 progress[i].add_step(elapsed, tokens)
+                group.member_tokens[i] += group.step_tokens[i]
             due_eval = done % first.ev["every"] == 0 or done == first.steps
             for i, trial in enumerate(trials):
                 if outcome[i] is not None:
@@ -178,7 +184,7 @@ def run_trials_together(
         group.stop_prefetch()
     for i in range(len(trials)):
         group.load_into(i)  # each seed's model ends with its trained weights
-    return [o if o is not None else summary_metrics(trials[i], progress[i]) for i, o in enumerate(outcome)]
+    return [o if o is not None else summary(i) for i, o in enumerate(outcome)]
 
 
 def _log(reporter: Reporter, step: int, record: dict[str, float]) -> None:
@@ -221,6 +227,8 @@ class _Group:
         ids = {id(p): n for n, p in models[0].named_parameters()}
         self.grad_groups = {g: [ids[id(p)] for p in ps] for g, ps in trials[0].grad_groups.items()}
         self.prefetchers: list[Prefetcher] = []
+        # Input tokens of each seed's own batches: at the latest step, and over the steps each seed has taken.
+        self.step_tokens, self.member_tokens = [0] * len(trials), [0] * len(trials)
 
     def _one(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], tokens: torch.Tensor):
         out = functional_call(self.base, (params, buffers), (tokens,))
@@ -290,6 +298,7 @@ class _Group:
         loss_values = torch.stack([loss.detach().float() for loss in losses]).tolist()
         elapsed = time.perf_counter() - started
         tokens = sum(b.inputs.numel() for b in batches)
+        self.step_tokens = [b.inputs.numel() for b in batches]
         return loss_values, aux, grad_norms, weights, elapsed, tokens
 
     def _forward(self, batches: list[Batch]) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:

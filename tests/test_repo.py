@@ -89,3 +89,14 @@ def test_shipped_studies_with_claims_take_sequential_seeds():
         study = load_and_compile(path).study
         if study.claims and not study.search:
             assert isinstance(study.seeds, SequentialSeeds), path.name
+
+
+def test_a_shipped_conversion_names_a_trial_its_teacher_study_compiles_to():
+    """A teacher is named by trial key (STUDY-CELLHASH-sSEED): a change to the task's or model's defaults moves
+    the teacher cell's hash, and the conversion would then find no teacher at submit, after the teacher ran."""
+    for conversion in sorted((ROOT / "studies").rglob("*melt_conversion*.yaml")):
+        compiled = load_and_compile(conversion)
+        named = {t.config["model"]["params"].get("teacher") for t in compiled.trials} - {None}
+        teacher_file = conversion.with_name(conversion.name.replace("conversion", "teacher"))
+        keys = {t.trial_key for t in load_and_compile(teacher_file).trials}
+        assert named and named <= keys, (conversion.name, named - keys)

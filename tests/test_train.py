@@ -77,3 +77,20 @@ def test_schedule_warms_up_then_decays_to_the_floor():
     assert lr_at(10, **kw) == pytest.approx(1.0)
     assert lr_at(99, **kw) == pytest.approx(0.1)
     assert all(lr_at(s, **kw) >= lr_at(s + 1, **kw) for s in range(10, 99))
+
+
+def test_a_corpus_task_names_its_text_in_the_trials_facts_and_a_generated_task_does_not():
+    """Each trial's provenance names the corpus it trained and was scored on (SHA-256 of the exact documents,
+    sources with versions); the facts go into the ledger's attempt provenance and MLflow's runtime.* params."""
+    from studyrunner.tasks import build_task
+
+    config = tiny_config(steps=2)
+    config["task"] = {"name": "charlm", "params": {"seq_len": 16}}
+    reporter = MemoryReporter()
+    run_trial(config, seed=0, reporter=reporter)
+    expected = build_task("charlm", {"seq_len": 16}, 0).fingerprint()
+    assert reporter.run_facts["data.sha256"] == expected["sha256"] and len(expected["sha256"]) == 64
+    assert "pydoc" in reporter.run_facts["data.sources"]
+    generated = MemoryReporter()
+    run_trial(tiny_config(steps=2), seed=0, reporter=generated)
+    assert not any(k.startswith("data.") for k in generated.run_facts)

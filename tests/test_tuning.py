@@ -137,3 +137,11 @@ def test_a_tuned_study_runs_its_tuning_first_and_every_later_command_reads_the_s
     assert {s["cell"] for side in rows[0]["tuned"].values() for s in side} == {"loops=1", "loops=2"}
     with pytest.raises(SpecError):  # a study name too long for its tuning study's
         loads(TUNED.replace("name: tuned", "name: " + "x" * 60))
+
+
+def test_plan_says_which_tuning_trials_run_first(tmp_path):
+    path = tmp_path / "tuned.yaml"
+    path.write_text(TUNED)
+    result = CliRunner().invoke(app, ["plan", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "tuning first: 4 trials as study 'tuned--tune' (train.lr in [0.001, 0.01]" in " ".join(result.output.split())

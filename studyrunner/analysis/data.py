@@ -325,6 +325,8 @@ def from_ledger(ledger: Ledger, spec) -> StudyData:
         missing=int((~trials.status.isin(DONE)).sum()),
         cells_order=list(dict.fromkeys(trials.cell_hash)),
         analysis=_analysis_options(spec),
+        # what the looks read a metric's range from (the cells' tasks: analysis.bounded.range_of)
+        cell_configs={c.cell_hash: c.config for c in ledger.cells(spec.name)},
     )
 
 

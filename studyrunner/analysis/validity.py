@@ -450,6 +450,8 @@ def _cell_fields(data: StudyData, rows: pd.DataFrame) -> dict[str, set[str]]:
         config = data.cell_configs.get(cell_hash)
         flat = flatten_config(config) if config is not None else _flat_from_rows(rows[rows.cell_hash == cell_hash])
         for path, value in flat.items():
+            if value is None:  # unset: as absent (one family's `exit_step: None` is another's missing field)
+                continue
             fields.setdefault(path, set()).add(repr(value))
     return fields
 

@@ -171,6 +171,7 @@ def plan(file: StudyFile):
     )
     _print_reach(compiled)
     _print_threats_before_training(compiled, facts)
+    _print_tuning_plan(study)
     if study.search:
         space = Table(title=Text(f"search space ({study.search.sampler}, seed {study.search.seed})"))
         for col in ("path", "range"):
@@ -183,6 +184,26 @@ def plan(file: StudyFile):
         out.print(space)
     if study.sequential:
         _print_sequential_design(study)
+
+
+def _print_tuning_plan(study) -> None:
+    """A study with `tune:`: the tuning trials that run first (study/tuning.py)."""
+    from ..study import compile_study
+    from ..study.tuning import tune_study
+
+    tuning = tune_study(study)
+    if tuning is None:
+        return
+    grid = "; ".join(f"{path} in {list(values)}" for path, values in study.tune.grid.items())
+    trials = len(compile_study(tuning).trials)
+    out.print(
+        f"tuning first: {trials} trials as study {tuning.name!r} ({grid}; one seed each, scored on "
+        f"{study.tune.metric.name} ({study.tune.metric.mode}) of the validation split); each cell then runs at its "
+        "best point",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _print_sequential_design(study) -> None:

@@ -5,6 +5,7 @@ of those imports this module and none imports another's.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -66,6 +67,19 @@ class TrialSetup:
     @property
     def steps(self) -> int:
         return self.train["steps"]
+
+    def data_facts(self) -> dict[str, str]:
+        """What the task's data is, for the trial's provenance: a task built on a corpus (charlm, text) says
+        which (`fingerprint()`: sources with versions, SHA-256 of the exact documents, the tokenizer's), so a
+        result names the text it was trained and scored on; a generated task has none (its config says all)."""
+        fingerprint = getattr(self.task, "fingerprint", None)
+        if fingerprint is None:
+            return {}
+        meta = fingerprint()
+        facts = {"data.sha256": str(meta.get("sha256", "")), "data.sources": json.dumps(meta.get("sources", {}))}
+        if "tokenizer" in meta:
+            facts["data.tokenizer"] = json.dumps(meta["tokenizer"], sort_keys=True)
+        return facts
 
     def lr(self, step: int) -> float:
         t = self.train

@@ -120,7 +120,7 @@ def run_trial(
     trial.nan_at = nan_at
     if not trial.engine.leader:  # another worker of a distributed trial reports for it
         reporter = SilentReporter()
-    send_facts(reporter, {**trial.runtime.facts(), **trial.engine.facts()})
+    send_facts(reporter, {**trial.runtime.facts(), **trial.engine.facts(), **trial.data_facts()})
     store = _open_checkpoints(checkpoints, config, seed, reporter)
     progress = trial.engine.resume(store, trial) if store is not None else Progress()
     send_start(reporter, progress.step)

@@ -127,7 +127,7 @@ def run_trials_together(
         raise ValueError(f"{KNOB}: one reporter per seed is needed; got {len(seeds)} seeds, {len(reporters)} reporters")
     trials = [build_trial(config, seed, device) for seed in seeds]
     for trial, reporter in zip(trials, reporters, strict=True):
-        send_facts(reporter, {**trial.runtime.facts(), "seeds_together": str(len(seeds))})
+        send_facts(reporter, {**trial.runtime.facts(), **trial.data_facts(), "seeds_together": str(len(seeds))})
     group = _Group(trials, [(nan_at or {}).get(seed) for seed in seeds])
     progress = [Progress() for _ in seeds]
     outcome: list[Diverged | None] = [None] * len(seeds)

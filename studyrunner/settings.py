@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import StudyrunnerError
+from .errors import StudyrunnerError, UsageError
 
 ON, OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -23,7 +23,7 @@ def switch(name: str, default: bool) -> bool:
     if not value:
         return default
     if value not in ON + OFF:
-        raise StudyrunnerError(
+        raise UsageError(
             f"{name}={value!r} is neither on nor off: set it to 1 or 0 (or leave it unset: {'1' if default else '0'})"
         )
     return value in ON
@@ -39,7 +39,7 @@ def seconds(name: str, default: float, *, positive: bool = False) -> float:
     except ValueError:
         number = float("nan")
     if not number == number or number < 0 or (positive and number == 0) or number == float("inf"):
-        raise StudyrunnerError(
+        raise UsageError(
             f"{name}={value!r} is not a number of seconds {'above' if positive else 'at least'} 0 "
             f"(e.g. {default:g}, the default when it is unset)"
         )

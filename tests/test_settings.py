@@ -42,9 +42,9 @@ def test_a_bad_setting_is_refused_naming_its_variable(monkeypatch, name, value, 
         settings.check()
 
 
-def _one_line(result, fragment: str) -> None:
+def _one_line(result, fragment: str, code: int = 1) -> None:
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert result.exit_code == 1 and len(lines) == 1 and fragment in lines[0], result.output
+    assert result.exit_code == code and len(lines) == 1 and fragment in lines[0], result.output
 
 
 def test_a_bad_setting_stops_submit_before_anything_is_written(tmp_path, monkeypatch):
@@ -52,7 +52,7 @@ def test_a_bad_setting_stops_submit_before_anything_is_written(tmp_path, monkeyp
     study.write_text(TINY_STUDY)
     monkeypatch.setenv("STUDYRUNNER_WARM_WORKERS", "maybe")
     result = runner.invoke(app, ["submit", str(study), "--workspace", str(tmp_path / "ws")])
-    _one_line(result, "STUDYRUNNER_WARM_WORKERS='maybe' is neither on nor off")
+    _one_line(result, "STUDYRUNNER_WARM_WORKERS='maybe' is neither on nor off", code=2)  # input: as a usage error
     assert not (tmp_path / "ws").exists()
 
 

@@ -98,6 +98,21 @@ def test_unconverged_is_not_raised_for_converged_curves_nor_for_a_move_the_verdi
     assert "unconverged" not in found, found
 
 
+def test_a_slope_claim_is_unconverged_only_where_the_moves_could_change_its_verdict(tmp_path):
+    """The quickstart's case: the deepest cell still rising makes the depth slope steeper, which a supported
+    `slope > 0` survives; the shallowest cell still rising flattens it and could undo it."""
+    finals = {(1, 1): 0.40, (2, 1): 0.52, (4, 1): 0.60, (8, 1): 0.66}
+    claim = "slope(eval_accuracy ~ ln effective_depth)[block_layers=1] > 0"
+    deep = study(tmp_path / "a", accuracy(finals), curve=rising({(8, 1): 0.1}))
+    found, verdict = threats_of(deep, claim)
+    assert verdict.verdict == "supported" and "unconverged" not in found, found
+    shallow = study(tmp_path / "b", accuracy(finals), curve=rising({(1, 1): 0.5}))
+    found, verdict = threats_of(shallow, claim)
+    assert verdict.verdict == "supported", verdict
+    assert "unconverged" in found and "[loops=1 block_layers=1] still rising" in found["unconverged"], found
+    assert "the slope's interval" in found["unconverged"] and "read" in found["unconverged"], found
+
+
 INCLUDE = """include:
   - {model.params: {d_model: 16, n_heads: 2, block_layers: 4, loops: 1, norm: rmsnorm}, train.lr: 3.0e-3}
 """

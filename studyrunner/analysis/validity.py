@@ -23,8 +23,10 @@ span (one seed: more than 4% of the span). The projected difference
 shifts the claim's interval by the lhs side's move minus the rhs side's; the threat is raised when the verdict
 read from that shifted interval differs from the verdict given (a supported claim whose lower bound would
 cross zero, a contradicted one whose upper bound would, an inconclusive one that would be decided). For a
-slope, any cell of its side that moves is reported. The rule's rates on simulated curves that do and do not
-converge: docs/analysis/validity.md (benchmarks/validity.py).
+slope, each cell's move shifts the fitted slope by the least-squares slope of the moves against the cells' x
+(a fitted slope is linear in the values), and the same test on the shifted interval decides; the moving cells
+are named. Perplexity sides (log scale) report every moving cell. The rule's rates on simulated curves that do
+and do not converge: docs/analysis/validity.md (benchmarks/validity.py).
 
 **Confounds.** The flattened resolved configs of the cells each side selects are compared field by field;
 a field counts as named when a selector key of either side resolves to it (`loops` names
@@ -309,8 +311,10 @@ def _observed_span(values: pd.Series) -> float:
 
 
 def unconverged_threats(data: StudyData, claim, sides: list[Side], verdict) -> list[Threat]:
-    if any(s.quantity.kind == "slope" or _log_scaled(data, s) for s in sides):
+    if any(_log_scaled(data, s) for s in sides):
         return _slope_unconverged(data, sides)  # each cell that moves (no interval on the moves' scale)
+    if any(s.quantity.kind == "slope" for s in sides):
+        return _slope_projected(data, claim, sides, verdict)
     moves = {s.name: side_move(data, s) for s in sides}
     notes = [note for _, note in moves.values() if note]
     if not notes or verdict is None or not math.isfinite(getattr(verdict, "lo", math.nan)):
@@ -334,6 +338,56 @@ def _log_scaled(data: StudyData, side: Side) -> bool:
         return False
     levels = data.levels(side.quantity.metric, side.rows.cell_hash.iloc[0])
     return levels is not None and levels.log_scale
+
+
+def _slope_projected(data: StudyData, claim, sides: list[Side], verdict) -> list[Threat]:
+    """A slope claim: each cell's move over the last half, carried on as long again, moves the fitted slope by
+    the slope of the moves against the cells' x (a least-squares slope is linear in the values). A threat only
+    where that shift would change what the slope's interval says; every moving cell is named."""
+    found = _slope_unconverged(data, sides)
+    if not found or verdict is None or not math.isfinite(getattr(verdict, "lo", math.nan)):
+        return found
+    shifts = {s.name: _slope_of_moves(data, s) for s in sides}
+    if any(v is None for v in shifts.values()):
+        return found
+    shift = shifts.get("lhs", 0.0) - shifts.get("rhs", 0.0)
+    now = _reading(verdict.lo, verdict.hi, verdict.null, _claims_greater(claim))
+    later = _reading(verdict.lo + shift, verdict.hi + shift, verdict.null, _claims_greater(claim))
+    if later == now:
+        return []
+    return [
+        Threat(
+            ThreatKind.UNCONVERGED,
+            found[0].detail + f": carried on as long again, the slope's interval [{verdict.lo:.3g}, "
+            f"{verdict.hi:.3g}] would move by {shift:+.3g} and read {later}",
+        )
+    ]
+
+
+def _slope_of_moves(data: StudyData, side: Side) -> float | None:
+    """How far the side's fitted slope moves if each cell moves as it did over the last half (0 for a slope
+    side whose cells are still); None where its x cannot be read."""
+    q = side.quantity
+    if q.kind != "slope":
+        return 0.0
+    points = []
+    for _, group in side.rows.groupby("cell_hash", sort=False):
+        move, _ = side_move(data, Side(side.name, q, group))
+        if q.x in ("effective_depth", "depth", "D"):
+            column = "depth" if "depth" in group else "effective_depth"
+        else:
+            try:
+                column = data.column_for(q.x)
+            except Exception:  # noqa: BLE001 - an invalid claim: its verdict says so
+                return None
+        x = pd.to_numeric(group[column], errors="coerce").mean() if column in group else math.nan
+        if not math.isfinite(x) or (q.log_x and x <= 0):
+            return None
+        points.append((math.log(x) if q.log_x else x, move))
+    xs = np.array([p[0] for p in points])
+    if len(set(xs.tolist())) < 2:
+        return 0.0
+    return float(np.polyfit(xs, np.array([p[1] for p in points]), 1)[0])
 
 
 def _slope_unconverged(data: StudyData, sides: list[Side]) -> list[Threat]:

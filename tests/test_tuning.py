@@ -135,6 +135,8 @@ def test_a_tuned_study_runs_its_tuning_first_and_every_later_command_reads_the_s
     assert "chosen per cell on the validation split" in shown.stdout, shown.output
     rows = json.loads(CliRunner().invoke(app, ["verify", "tuned", "--workspace", str(tmp_path), "-f", "json"]).stdout)
     assert {s["cell"] for side in rows[0]["tuned"].values() for s in side} == {"loops=1", "loops=2"}
+    # each arm at its own best rate is the design, not a confound (the `tuned` entry says what each chose)
+    assert not any("train.lr" in t["detail"] for t in rows[0]["validity"] if t["threat"] == "confound"), rows[0]
     with pytest.raises(SpecError):  # a study name too long for its tuning study's
         loads(TUNED.replace("name: tuned", "name: " + "x" * 60))
 

@@ -437,6 +437,8 @@ def confound_threats(data: StudyData, sides: list[Side], matched: list[str]) -> 
                 named |= set(data.varied_columns)
             elif column is not None:
                 named.add(column)
+    # settings a `tune:` section chose per cell differ by design (each arm at its own best): `tuned` lists them
+    named |= {path for choice in data.tuning.values() for path in (choice.get("chosen") or {})}
     a, b = (_cell_fields(data, s.rows) for s in sides)
     differing = []
     for path in sorted(set(a) | set(b)):

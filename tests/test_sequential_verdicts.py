@@ -262,3 +262,14 @@ def test_take_look_reads_entries_with_margins_and_old_style_specs_alike():
     a = sequential.take_look(data, sequential.Design(4, 12, 1), [], specs=[(PAIR, None)])
     b = sequential.take_look(data, sequential.Design(4, 12, 1), [], specs=[ClaimEntry(claim=PAIR)])
     assert a.claims[0].state == b.claims[0].state and a.claims[0].p_claimed == b.claims[0].p_claimed
+
+
+def test_an_exact_difference_decided_at_a_look_has_a_sequential_p_of_zero_not_one():
+    """A metric every seed gives the same value (KV bytes per token) is decided exactly: one-sided p 0 at the look.
+    Its sequential p was printed as 1 (p 0 read as unknown), beside the verdict supported."""
+    design = sequential.Design(3, 5, 1)
+    exact = {"c0": [512.0] * 3, "c1": [2048.0] * 3}
+    data = study(exact, ["eval_accuracy[arm=1] > eval_accuracy[arm=0]"])
+    look = sequential.take_look(data, design, [])
+    (c,) = look.claims
+    assert c.state == "supported" and c.p_claimed == 0.0 and c.p_sequential == 0.0, c

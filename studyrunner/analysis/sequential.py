@@ -288,8 +288,9 @@ def _claim_look(
         return bool(t < nominal and g <= level.alpha)
 
     def repeated(t: float, g: float) -> float:
-        z = float(norm.isf(t)) if np.isfinite(t) else math.nan
-        return max(level.p_value(tuple(fractions), z), g) if np.isfinite(z) else math.nan
+        # p 0 (an exact difference: every seed the same) is z = +inf, whose repeated p is 0, not unknown
+        z = float(norm.isf(t)) if not math.isnan(t) else math.nan
+        return max(level.p_value(tuple(fractions), z), g) if not math.isnan(z) else math.nan
 
     claimed, opposite = tests["claimed"], tests["opposite"]
     p_claimed = max(float(t) for t, _ in claimed)

@@ -16,7 +16,9 @@ Data shapes, for a metric named like an accuracy (range [0, 1], as the product k
 
 from __future__ import annotations
 
+import json
 import math
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -136,3 +138,17 @@ def markdown(rows: list[dict], columns: list[str] | None = None) -> str:
     for r in rows:
         out.append("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in columns) + " |")
     return "\n".join(out)
+
+
+def report(sims: int, out, make_rows, per: str = "row") -> int:
+    """Run a benchmark's table (`make_rows()` -> rows), print it as Markdown with the Monte-Carlo standard error
+    of a 5% rate and the time taken, and write `{"sims", "seconds", "rows"}` to `out` (a Path) when given."""
+    started = time.perf_counter()
+    rows = make_rows()
+    print(markdown(rows))
+    elapsed = time.perf_counter() - started
+    se = math.sqrt(0.05 * 0.95 / sims)
+    print(f"\n{sims} simulated studies per {per} (Monte-Carlo se of a 5% rate: {se:.4f}); {elapsed:.0f} s")
+    if out:
+        out.write_text(json.dumps({"sims": sims, "seconds": round(elapsed), "rows": rows}, indent=1))
+    return 0

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -92,15 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default=",".join(cs.SHAPES))
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    started = time.perf_counter()
-    rows = table(args.sims, [s for s in args.shapes.split(",") if s], args.seed)
-    print(cs.markdown(rows))
-    elapsed = time.perf_counter() - started
-    print(f"\n{args.sims} simulated studies per row (Monte-Carlo se of a 5% rate: "
-          f"{math.sqrt(0.05 * 0.95 / args.sims):.4f}); {elapsed:.0f} s")  # fmt: skip
-    if args.out:
-        args.out.write_text(json.dumps({"sims": args.sims, "seconds": round(elapsed), "rows": rows}, indent=1))
-    return 0
+    return cs.report(
+        args.sims, args.out, lambda: table(args.sims, [s for s in args.shapes.split(",") if s], args.seed), per="row"
+    )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import claims_sim as cs
 from benchmarks import sequential as seqbench
 from studyrunner.analysis import sequential
 from studyrunner.analysis.data import StudyData
@@ -99,22 +100,18 @@ def table(sims: int, floors: list[int], shapes=("normal", "heavy"), echo=print) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.claims_sim import markdown
-
     ap = argparse.ArgumentParser(prog="python -m benchmarks.futility", description=__doc__.split("\n\n")[0])
     ap.add_argument("--sims", type=int, default=300)
     ap.add_argument("--floors", default="0,3,4")
     ap.add_argument("--shapes", default="normal,heavy")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    started = time.perf_counter()
-    rows = table(args.sims, [int(f) for f in args.floors.split(",")], tuple(args.shapes.split(",")))
-    print(markdown(rows))
-    elapsed = time.perf_counter() - started
-    print(f"\n{args.sims} simulated studies per row; {elapsed:.0f} s")
-    if args.out:
-        args.out.write_text(json.dumps({"sims": args.sims, "seconds": round(elapsed), "rows": rows}, indent=1))
-    return 0
+    return cs.report(
+        args.sims,
+        args.out,
+        lambda: table(args.sims, [int(f) for f in args.floors.split(",")], tuple(args.shapes.split(","))),
+        per="row",
+    )
 
 
 if __name__ == "__main__":

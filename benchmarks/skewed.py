@@ -102,14 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    started = time.perf_counter()
-    rows = table(args.sims, args.seed)
-    print(cs.markdown(rows))
-    elapsed = time.perf_counter() - started
-    print(f"\n{args.sims} simulated studies per row (share supported); {elapsed:.0f} s")
-    if args.out:
-        args.out.write_text(json.dumps({"sims": args.sims, "seconds": round(elapsed), "rows": rows}, indent=1))
-    return 0
+    return cs.report(args.sims, args.out, lambda: table(args.sims, args.seed), per="row")
 
 
 if __name__ == "__main__":

@@ -320,17 +320,21 @@ def unconverged_threats(data: StudyData, claim, sides: list[Side], verdict) -> l
     if not notes or verdict is None or not math.isfinite(getattr(verdict, "lo", math.nan)):
         return []
     shift = moves.get("lhs", (0.0, ""))[0] - moves.get("rhs", (0.0, ""))[0]
+    return _if_it_changes(claim, verdict, shift, "; ".join(notes), "interval")
+
+
+def _if_it_changes(claim, verdict, shift: float, moving: str, what: str) -> list[Threat]:
+    """The `unconverged` threat where shifting the verdict's interval by `shift` (the moves carried on as long
+    again) reads another verdict; none where it reads the same."""
     now = _reading(verdict.lo, verdict.hi, verdict.null, _claims_greater(claim))
     later = _reading(verdict.lo + shift, verdict.hi + shift, verdict.null, _claims_greater(claim))
     if later == now:
         return []
-    return [
-        Threat(
-            ThreatKind.UNCONVERGED,
-            "; ".join(notes) + f": carried on as long again, the interval "
-            f"[{verdict.lo:.3g}, {verdict.hi:.3g}] would move by {shift:+.3g} and read {later}",
-        )
-    ]
+    detail = (
+        f"{moving}: carried on as long again, the {what} [{verdict.lo:.3g}, {verdict.hi:.3g}] would move by "
+        f"{shift:+.3g} and read {later}"
+    )
+    return [Threat(ThreatKind.UNCONVERGED, detail)]
 
 
 def _log_scaled(data: StudyData, side: Side) -> bool:
@@ -351,17 +355,7 @@ def _slope_projected(data: StudyData, claim, sides: list[Side], verdict) -> list
     if any(v is None for v in shifts.values()):
         return found
     shift = shifts.get("lhs", 0.0) - shifts.get("rhs", 0.0)
-    now = _reading(verdict.lo, verdict.hi, verdict.null, _claims_greater(claim))
-    later = _reading(verdict.lo + shift, verdict.hi + shift, verdict.null, _claims_greater(claim))
-    if later == now:
-        return []
-    return [
-        Threat(
-            ThreatKind.UNCONVERGED,
-            found[0].detail + f": carried on as long again, the slope's interval [{verdict.lo:.3g}, "
-            f"{verdict.hi:.3g}] would move by {shift:+.3g} and read {later}",
-        )
-    ]
+    return _if_it_changes(claim, verdict, shift, found[0].detail, "slope's interval")
 
 
 def _slope_of_moves(data: StudyData, side: Side) -> float | None:

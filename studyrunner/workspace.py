@@ -185,12 +185,18 @@ def check_storage_uri(storage: str) -> None:
         )
 
 
-def _check_creatable(path: Path, option: str) -> None:
-    """A folder that does not exist yet can be made: the nearest folder above it that exists is writable."""
+def unwritable_parent(path: Path) -> Path | None:
+    """The nearest existing folder above `path` when this user cannot create `path` in it; None when it can."""
     above = path.parent
     while not above.exists():
         above = above.parent
-    if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
+    return None if above.is_dir() and os.access(above, os.W_OK | os.X_OK) else above
+
+
+def _check_creatable(path: Path, option: str) -> None:
+    """A folder that does not exist yet can be made: the nearest folder above it that exists is writable."""
+    above = unwritable_parent(path)
+    if above is not None:
         raise StudyrunnerError(
             f"{option}: cannot make {str(path)!r}: {str(above)!r} is not a folder this user can write to "
             "(give a writable folder or a URI such as s3://bucket/path)"

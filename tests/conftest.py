@@ -37,3 +37,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def small_sudoku_pools(tmp_path, monkeypatch):
+    """Sudoku pools in chunks of 64 (fast), cached under a fresh folder; in-process cache cleared around it."""
+    import studyrunner.tasks.sudoku as sudoku
+
+    monkeypatch.setenv("STUDYRUNNER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("STUDYRUNNER_SUDOKU_CACHE", raising=False)
+    monkeypatch.setattr(sudoku, "CHUNK", 64)
+    sudoku._pool.cache_clear()
+    yield
+    sudoku._pool.cache_clear()

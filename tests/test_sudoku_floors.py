@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-import studyrunner.tasks.sudoku as sudoku
 from studyrunner.tasks import build_task
 from studyrunner.tasks.sudoku import BLANK, given_candidates
 from studyrunner.tasks.sudoku_solver import STALLED, candidates, classify, singles
@@ -20,14 +19,7 @@ SETTINGS = [
 IDS = ["4x4", "6x6", "6x6-min4", "9x9"]
 
 
-@pytest.fixture(autouse=True)
-def small_pools(tmp_path, monkeypatch):
-    monkeypatch.setenv("STUDYRUNNER_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("STUDYRUNNER_SUDOKU_CACHE", raising=False)
-    monkeypatch.setattr(sudoku, "CHUNK", 64)
-    sudoku._pool.cache_clear()
-    yield
-    sudoku._pool.cache_clear()
+pytestmark = pytest.mark.usefixtures("small_sudoku_pools")
 
 
 def _allowed_digits(puzzles: np.ndarray, size: int) -> list[list[list[int]]]:

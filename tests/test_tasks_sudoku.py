@@ -32,16 +32,7 @@ from studyrunner.tasks.sudoku_solver import (
     singles,
 )
 
-
-@pytest.fixture(autouse=True)
-def small_pools(tmp_path, monkeypatch):
-    """Pools in chunks of 64 (fast), cached under a fresh folder; the in-process cache cleared around each test."""
-    monkeypatch.setenv("STUDYRUNNER_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("STUDYRUNNER_SUDOKU_CACHE", raising=False)
-    monkeypatch.setattr(sudoku, "CHUNK", 64)
-    sudoku._pool.cache_clear()
-    yield
-    sudoku._pool.cache_clear()
+pytestmark = pytest.mark.usefixtures("small_sudoku_pools")
 
 
 def test_there_are_288_valid_4x4_grids():

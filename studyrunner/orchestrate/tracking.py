@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import sqlite3
 import subprocess
 import time
@@ -25,6 +24,7 @@ from ..mlflow_http import bound_http_retries
 from ..store.lock import sqlite_file, stores_lock
 from ..study import Cell, Trial, flatten_config
 from ..urls import mask_text, mask_url
+from ..workspace import unwritable_parent
 
 MAX_PARAM_LEN = 6000  # MLflow's limit for a param value
 # The ledger's trial status as an MLflow run status (the `status` tag says which of them it was).
@@ -217,15 +217,11 @@ class Tracker:
         if path is not None:
             if path.is_file():
                 check_half_made(tracking_uri)
-            else:
-                above = path.parent
-                while not above.exists():
-                    above = above.parent
-                if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
-                    raise StudyrunnerError(
-                        f"cannot make MLflow tracking store {str(path)!r}: {str(above)!r} is not a folder this user "
-                        "can write to (check --tracking-uri / MLFLOW_TRACKING_URI)"
-                    )
+            elif (above := unwritable_parent(path)) is not None:
+                raise StudyrunnerError(
+                    f"cannot make MLflow tracking store {str(path)!r}: {str(above)!r} is not a folder this user "
+                    "can write to (check --tracking-uri / MLFLOW_TRACKING_URI)"
+                )
         elif scheme in ("postgresql", "mysql", "mssql"):
             cls._check_reachable(tracking_uri)
         elif scheme in ("http", "https"):

@@ -1,4 +1,4 @@
-"""The benchmark suite of issue 9, item 4.
+"""The benchmark suite: each measurement beside its target (docs/performance.md).
 
     python -m benchmarks all [--quick] [--only NAME,...] [--out PATH]
     python -m benchmarks sequential [--sims N]      the sequential-seeds simulation table (benchmarks/sequential.py)
@@ -66,7 +66,7 @@ def run_one(name: str, quick: bool, tiny: bool) -> dict[str, Any]:
         return {"figures": {name: {"skipped": "not available"}}, "details": {}, "seconds": 0.0}
     measure: Callable[..., Any] = module.measure
     try:
-        if name == "seeds_together":  # another engineer's module: measure(quick: bool) -> dict
+        if name == "seeds_together":  # its own interface: measure(quick: bool[, tiny]) -> dict
             tiny_kw = {"tiny": True} if tiny and "tiny" in inspect.signature(measure).parameters else {}
             out = _normalise(measure(quick or tiny, **tiny_kw))
         else:

@@ -1,6 +1,6 @@
 """When may `verify` read a cell's seeds as bimodal (and swap the paired t for the exact sign-flip test)? By
 simulation, through `claims.evaluate` and `sequential.run_sequential`: from 3 seeds (before) against from 5 seeds
-(`claims_evidence.BIMODAL_FROM`, now).
+(`claims.evidence.BIMODAL_FROM`, now).
 
     python -m benchmarks.bimodality [--sims 400] [--out PATH]
 
@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import claims_sim as cs
-from studyrunner.analysis import claims, claims_evidence, sequential
+from studyrunner.analysis import claims, sequential
+from studyrunner.analysis.claims import evidence
 
 TEXT = "eval_accuracy[arm=1] > eval_accuracy[arm=0]"
 SEEDS = (3, 4, 5, 6, 8)
@@ -38,8 +39,8 @@ def simulate(shape: str, effect: bool, switch_from: int, sims: int, seed: int = 
     data = cs.study(cs.template(2, 8), 2)
     rng = np.random.default_rng([seed, int(effect), len(shape)])
     means = np.array(MEANS[(shape, effect)])
-    was = claims_evidence.BIMODAL_FROM
-    claims_evidence.BIMODAL_FROM = switch_from
+    was = evidence.BIMODAL_FROM
+    evidence.BIMODAL_FROM = switch_from
     out = {f"{n} seeds": 0 for n in SEEDS} | {f"{n} seeds: sign-flip": 0 for n in SEEDS}
     out |= {"sequential 2->8": 0, "sequential: seeds": 0.0}
     try:
@@ -53,7 +54,7 @@ def simulate(shape: str, effect: bool, switch_from: int, sims: int, seed: int = 
             out["sequential 2->8"] += sequential.final_states(history)[0].state == "supported"
             out["sequential: seeds"] += float(np.mean(list(history[-1].seeds.values())))
     finally:
-        claims_evidence.BIMODAL_FROM = was
+        evidence.BIMODAL_FROM = was
     return {k: v / sims for k, v in out.items()}
 
 

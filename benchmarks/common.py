@@ -1,7 +1,7 @@
 """Shared pieces of the benchmark suite: repeats and their summary, machine facts, the result file.
 
 A *figure* is one measured quantity: {"unit", "median", "min", "max", "repeats", "values"} plus,
-where the issue sets one, "target" (e.g. ">= 0.90") and "meets_target"; a figure that could not be
+where the measurement has one, "target" (e.g. ">= 0.90") and "meets_target"; a figure that could not be
 measured here is {"skipped": "why"} instead. Imports the standard library and torch only, so the
 trainer-level benchmarks run on bare GPU machines (no Ray, MLflow or SQL there).
 """

@@ -1,4 +1,4 @@
-"""The control plane at scale, on synthetic ledgers (issue 9, item 4):
+"""The control plane at scale, on synthetic ledgers:
 
 - compile a 100,000-trial study (1000 cells: a 10 x 10 x 10 grid over lr, weight_decay and
   warmup_steps of the quickstart cell, x 100 seeds): `loads` + `compile_study`, target < 5 s;

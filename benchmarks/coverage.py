@@ -1,4 +1,4 @@
-"""The analysis layer's intervals and verdicts at the seed counts studies run (issues 14 and 22), by simulation.
+"""The analysis layer's intervals and verdicts at the seed counts studies run, by simulation.
 
     python -m benchmarks.coverage [--sims 400] [--seed 0] [--designs 2x2,3x5] [--shapes normal,bimodal]
 
@@ -19,7 +19,7 @@ null's boundary), failure rates with equal true rates. Coverage is the share of 
 interval holds the true value (of the null: 0; of the effect: the true slope or difference, for the
 normal and ceiling shapes), among those that show one; `undecidable` is the share that show none (no test
 holds there: a mean or IQM against a number on bimodal seeds). The nominal level of the shown interval is
-90% since issue 22 (the two one-sided 95% bounds the verdict uses), 95% before.
+90% (the two one-sided 95% bounds the verdict uses); older versions showed 95%.
 
 `table()` runs each claim through `claims.evaluate` only, so the same script measures an older version:
 PYTHONPATH=<checkout of the old commit> python benchmarks/coverage.py prints its `before` figures.

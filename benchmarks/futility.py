@@ -55,8 +55,8 @@ def simulate(shape: str, floor: int, sims: int, *, effect: bool, min_effect: boo
 
             history = sequential.run_sequential(draw, plan, list(data.cells_order), specs=specs)
             (c,) = sequential.final_states(history)
-            out["supported"] += c.state == sequential.SUPPORTED
-            if c.state == sequential.FUTILE:
+            out["supported"] += c.state == sequential.ClaimState.SUPPORTED
+            if c.state == sequential.ClaimState.FUTILE:
                 out["futile"] += 1
                 out["futile_first"] += c.decided_at == 1
                 out["futile_holds"] += bool(c.lo <= truth <= c.hi)  # the 90% interval at the stop

@@ -55,11 +55,12 @@ def simulate(scenario: str, sims: int, seed: int = 0) -> dict[str, dict[str, flo
         plain = cs.sequential_run(data, TEXTS, y, design)
         found["each at alpha"] = ([c.state for c in plain[-1].claims], plain[-1].seeds)
         ps = [c.p_sequential for c in plain[-1].claims]
-        verdicts = [claims.Verdict(t, claims.SUPPORTED if s == "supported" else claims.INCONCLUSIVE, p=p)
+        kind = claims.VerdictKind
+        verdicts = [claims.Verdict(t, kind.SUPPORTED if s == kind.SUPPORTED else kind.INCONCLUSIVE, p=p)
                     for t, s, p in zip(TEXTS, found["each at alpha"][0], ps, strict=True)]  # fmt: skip
         for v in verdicts:
             if not np.isfinite(v.p):
-                v.verdict = claims.PENDING  # a claim without a p: Holm leaves it out
+                v.verdict = claims.VerdictKind.PENDING  # a claim without a p: Holm leaves it out
         adjusted = claims.adjust_holm(verdicts)
         found["post-hoc Holm (verify --holm)"] = ([v.verdict_holm for v in adjusted], plain[-1].seeds)
         holm = cs.sequential_run(data, TEXTS, y, design, multiplicity="holm")

@@ -1,4 +1,4 @@
-"""Large-cell GPU efficiency (issue 9, item 4): the model's TFLOP/s on a d 512 cell as a fraction of
+"""Large-cell GPU efficiency: the model's TFLOP/s on a d 512 cell as a fraction of
 the same GPU's measured bf16 matmul rate. Target >= 0.40. Needs a CUDA GPU; elsewhere the figure is
 'skipped: no GPU' (`device="cpu"` runs the same code at toy size, as a dry run for tests).
 

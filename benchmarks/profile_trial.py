@@ -1,4 +1,4 @@
-"""Where a quickstart trial's time goes on the CPU (issue 9, item 5; docs/performance.md).
+"""Where a quickstart trial's time goes on the CPU (docs/performance.md).
 
     python -m benchmarks.profile_trial [--steps 500] [--threads 1] [--ops 30]
 

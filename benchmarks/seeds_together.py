@@ -1,4 +1,4 @@
-"""Seeds trained together on the CPU (issue 9, item 3): seed-steps/s of `run_trials_together` for 8 seeds
+"""Seeds trained together on the CPU: seed-steps/s of `run_trials_together` for 8 seeds
 of the quickstart's 1x4 cell against the same 8 seeds as separate `run_trial`s.
 
     python -m benchmarks.seeds_together [--quick | --tiny] [--seeds 8] [--steps N]
@@ -7,7 +7,7 @@ The cell is `gpu_trainer.QUICKSTART_1X4` (looped d 64, 4 heads, 1 layer x 4 loop
 batch 64) on the CPU, every run with one torch thread (a `resources.cpu: 1` trial), N steps, one eval
 of 256 examples at the end. Four ways to train the same 8 (seed, N steps):
 
-- `separate`: 8 `run_trial`s one after another in this process (the issue's reference);
+- `separate`: 8 `run_trial`s one after another in this process (the reference);
 - `separate_2proc`: two processes at once, each running 4 of the seeds as separate trials (what a study
   filling 2 CPU slots does; the second reference, since the machine has 2 cores);
 - `together`: one `run_trials_together` over the 8 seeds in this process;
@@ -21,7 +21,7 @@ Rates are seed-steps per second: `step` rates over the trainer's own training-st
 first of 4 train windows left out as warm-up; processes at once: over the slower one's), `wall` rates
 over whole calls (build and evaluation included), `cpu` rates over the process CPU time of whole calls
 (one thread each, so nearly blind to other jobs on the machine, though a shared machine still slows
-everyone's caches). The issue's target: `together` >= 2x `separate` on 2 CPU cores.
+everyone's caches). The target: `together` >= 2x `separate` on 2 CPU cores.
 
 Needs torch, numpy and pydantic only (no Ray, MLflow or SQL).
 """

@@ -1,4 +1,4 @@
-"""Sequential seeds by simulation (issue 22): the false-positive rate under the looks, power and expected seeds.
+"""Sequential seeds by simulation: the false-positive rate under the looks, power and expected seeds.
 
     python -m benchmarks sequential [--sims 2000] [--seed 0] [--out PATH]
 
@@ -7,7 +7,7 @@ looks see the seeds a real run would have recorded by then. The decisions are `a
 (the same `take_look` the runner calls after each wave), so what is measured is what `submit` does.
 
 Data shapes (metric y of a cell's seed, named `eval_accuracy` and clipped to [0, 1], as an accuracy is: the claims
-see the range the product knows for accuracies, `analysis.bounded`):
+see the range the product knows for accuracies, `analysis.claims.bounded`):
 - normal: y = μ_cell + u_seed + e, a seed effect u ~ N(0, 0.03) shared by the seed's cells (the same seed is the
   same initialisation and data stream) and e ~ N(0, 0.05);
 - heavy: as normal, with e = 0.05 · t₃ / √3 (heavy tails, the same sd);
@@ -154,8 +154,8 @@ def simulate(
 
         history = sequential.run_sequential(draw, plan, cells, specs=specs)
         final = sequential.final_states(history)
-        supported += sum(c.state == sequential.SUPPORTED for c in final) / len(final)
-        contradicted += sum(c.state == sequential.CONTRADICTED for c in final) / len(final)
+        supported += sum(c.state == sequential.ClaimState.SUPPORTED for c in final) / len(final)
+        contradicted += sum(c.state == sequential.ClaimState.CONTRADICTED for c in final) / len(final)
         looks += len(history)
         seeds += float(np.mean(list(history[-1].seeds.values())))
     return {

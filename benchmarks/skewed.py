@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import claims_sim as cs
-from studyrunner.analysis import bounded, claims_location, sequential
+from studyrunner.analysis import sequential
+from studyrunner.analysis.claims import bounded, location
 
 METRIC = "score"
 SHAPES = {
@@ -37,12 +38,12 @@ class _Before:
     """The t-test alone on a metric of no known range, as before (no refusal, no gate)."""
 
     def __enter__(self):
-        self.was = bounded.range_of, claims_location._gate
+        self.was = bounded.range_of, location._gate
         bounded.range_of = lambda data, metric: (-math.inf, math.inf)
-        claims_location._gate = lambda *a, **k: (0.0, 0.0)
+        location._gate = lambda *a, **k: (0.0, 0.0)
 
     def __exit__(self, *exc):
-        bounded.range_of, claims_location._gate = self.was
+        bounded.range_of, location._gate = self.was
 
 
 def simulate(shape: str, rule: str, claim: str, sims: int, seed: int = 0) -> dict:

@@ -1,5 +1,5 @@
 """Trainer efficiency on the CPU: the product's training step beside a hand-written PyTorch loop of
-identical arithmetic, in one process, one torch thread, interleaved repeats (issue 9, item 4).
+identical arithmetic, in one process, one torch thread, interleaved repeats.
 
 The cell is the quickstart's 1x4 (`gpu_trainer.QUICKSTART_1X4`: looped d 64, 4 heads, p-hop n=32 p=2,
 batch 64). Product: `run_trial` on the CPU; tokens/s from its own `step_time_ms` records (batch, forward,

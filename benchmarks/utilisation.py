@@ -1,4 +1,4 @@
-"""Platform utilisation (measurement `platform`): a real study on a local Ray with 2 CPU slots (issue 9, item 4).
+"""Platform utilisation (measurement `platform`): a real study on a local Ray with 2 CPU slots.
 
 (Not named platform.py: run as a script, `python benchmarks/gpu_trainer.py` puts benchmarks/ first on
 sys.path, where a platform.py would shadow the standard library module torch imports.)
@@ -12,7 +12,7 @@ at a time). Everything a study does runs: ledger, MLflow (SQLite), Parquet curve
     utilisation = sum of the trials' train_time_s (the trainer's timed steps) / (submit wall x slots)
 
 The Ray is started before the submit, and the submit waits until Ray's idle workers are done preloading the
-trainer (orchestrate/warm_workers.py): a submit to a Ray that has been up a while, as on a cluster. The same
+trainer (orchestrate/cluster/warm_workers.py): a submit to a Ray that has been up a while, as on a cluster. The same
 study is then run with cold workers (`STUDYRUNNER_WARM_WORKERS=0`), and, outside the tiny size, `studyrunner
 submit` as a user runs it, in a new process that starts and stops its own Ray, warm and cold: its utilisation
 counts the command's whole wall time.
@@ -146,11 +146,12 @@ def recording_s(steps: int, repeats: int) -> list[float]:
     """The driver's recording of one whole trial, as `submit` does it: the Recorder fed the reports a
     trial sends (first report with provenance and facts, a record every LOG_EVERY steps, a note after
     each checkpoint, the final report), against a fresh workspace (ledger, MLflow SQLite, curves)."""
-    from studyrunner.orchestrate.recorder import Recorder
-    from studyrunner.orchestrate.runner import _open_stores, _open_tracking
+    from studyrunner.orchestrate.cluster.recorder import Recorder
+    from studyrunner.orchestrate.commands.preflight import open_stores
     from studyrunner.provenance import provenance
     from studyrunner.store import CurveStore
     from studyrunner.study import compile_study, loads
+    from studyrunner.tracking.study_runs import open_tracking
     from studyrunner.train.checkpoint import default_every
     from studyrunner.workspace import Workspace
 
@@ -158,9 +159,9 @@ def recording_s(steps: int, repeats: int) -> list[float]:
     times = []
     with tempfile.TemporaryDirectory(prefix="sr-bench-rec-") as folder:
         ws = Workspace.resolve(folder)
-        ledger, tracker = _open_stores(ws)
+        ledger, tracker = open_stores(ws)
         ledger.register(compiled)
-        experiment_id, parents, _by_tag = _open_tracking(compiled, compiled.trials, ledger, tracker, ws)
+        experiment_id, parents, _by_tag = open_tracking(compiled, compiled.trials, ledger, tracker, ws)
         recorder = Recorder(compiled, ledger, tracker, CurveStore(ws.storage), experiment_id, parents)
         every = default_every(steps)
         metrics = {"train_loss": 1.0, "lr": 1e-3, "step_time_ms": 80.0, "tokens_per_sec": 27000.0}
@@ -207,8 +208,8 @@ def _assign_slots(spans: list[tuple[float, float]], slots: int) -> list[list[tup
 
 @contextmanager
 def warm_workers(on: bool) -> Iterator[None]:
-    """Ray's idle workers preloaded and taken by the trial actors (orchestrate/warm_workers.py), or not."""
-    from studyrunner.orchestrate.warm_workers import SWITCH
+    """Ray's idle workers preloaded and taken by the trial actors (orchestrate/cluster/warm_workers.py), or not."""
+    from studyrunner.orchestrate.cluster.warm_workers import SWITCH
 
     before = os.environ.get(SWITCH)
     os.environ[SWITCH] = "1" if on else "0"
@@ -226,7 +227,7 @@ def settle_idle_workers(workers: int = SLOTS, timeout: float = 60.0) -> float:
     done preloading, as on a Ray that has been up a while. Seconds waited."""
     import psutil
 
-    from studyrunner.orchestrate.ray_runtime import ray_session_dir
+    from studyrunner.orchestrate.cluster.ray_runtime import ray_session_dir
     from studyrunner.orchestrate.submission import _processes_of
 
     session = ray_session_dir()
@@ -264,7 +265,7 @@ def _run_study(steps: int, trials: int) -> dict[str, Any]:
     from rich.console import Console
 
     from studyrunner.orchestrate import ensure_ray, submit
-    from studyrunner.orchestrate.runner import _open_stores
+    from studyrunner.orchestrate.commands.preflight import open_stores
     from studyrunner.store import Ledger
     from studyrunner.study import compile_study, loads
     from studyrunner.workspace import Workspace
@@ -281,7 +282,7 @@ def _run_study(steps: int, trials: int) -> dict[str, Any]:
             ws = Workspace.resolve(folder)
             # A workspace that has seen a study (its ledger and MLflow store exist), as most submits find
             # it; creating MLflow's SQLite store (its migrations) is timed here, reported on its own.
-            stores_s, (ledger, tracker) = timed(_open_stores, ws)
+            stores_s, (ledger, tracker) = timed(open_stores, ws)
             ledger.engine.dispose()
             began = datetime.now(UTC)
             wall, result = timed(lambda: submit(compiled, ws, show_progress=False, console=Console(file=io.StringIO())))
@@ -351,7 +352,7 @@ def _run_study(steps: int, trials: int) -> dict[str, Any]:
 def run_cli(steps: int, trials: int, warm: bool) -> dict[str, Any]:
     """`studyrunner submit` of the study as a user runs it: a new process on a new workspace, which starts the
     embedded Ray (all of this machine's cores) and stops it. Utilisation over the command's whole wall time."""
-    from studyrunner.orchestrate.warm_workers import SWITCH
+    from studyrunner.orchestrate.cluster.warm_workers import SWITCH
     from studyrunner.store import Ledger
 
     slots = os.cpu_count() or SLOTS
@@ -379,7 +380,7 @@ def measure(quick: bool = True, tiny: bool = False, repeats: int = 1) -> dict[st
     imports = {"import_torch_s": [fresh_import_s("torch") for _ in range(piece_repeats)]}
     if not tiny:  # ~5 s a time on 2 cores
         imports["import_trainable_s"] = [
-            fresh_import_s("studyrunner.orchestrate.trainable") for _ in range(piece_repeats)
+            fresh_import_s("studyrunner.orchestrate.cluster.trainable") for _ in range(piece_repeats)
         ]
     record = recording_s(steps, piece_repeats)
     split_names = list(studies[0]["split_per_trial_s"])

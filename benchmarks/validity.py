@@ -7,7 +7,7 @@ Synthetic studies, no training: two cells (arm 0 and arm 1), `seeds` seeds each,
 100 steps on 512 examples (eval noise: a binomial share). A cell's accuracy follows
 y(t) = c + (top − c)·(1 − exp(−t/τ)) with chance c = 0.25; a seed's τ and top vary a little (±10%, ±0.01).
 The claim is `y[arm=1] > y[arm=0]`, decided by `analysis.claims.evaluate` on the final values, and the threat by
-`analysis.validity.assess` on the stored curves: what `verify` does.
+`analysis.claims.validity.assess` on the stored curves: what `verify` does.
 
 Scenarios (τ as a share of training):
 - both converged, no difference: τ = 0.1 for both, top 0.85;
@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from studyrunner.analysis import claims as analysis_claims
-from studyrunner.analysis import validity
+from studyrunner.analysis.claims import validity
 from studyrunner.analysis.data import from_frame
 
 CHANCE = 0.25

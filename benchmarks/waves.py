@@ -1,4 +1,4 @@
-"""The cost of a sequential study's waves (measurement `waves`, issue 22): the gap from a wave's last trial to the
+"""The cost of a sequential study's waves (measurement `waves`): the gap from a wave's last trial to the
 next wave's first, and the per-trial fixed cost, on a local Ray with 2 CPU slots.
 
     python -m benchmarks all --only waves [--quick]

@@ -210,9 +210,9 @@ role_worker() {
   local head="$HOST:$PORT"
   [[ $HOST == *:* ]] && head="[$HOST]:$PORT"
   wait_for_storage # trials write checkpoints there
-  # Ray's idle workers load the trainer before trials ask for them (studyrunner/orchestrate/warm_workers.py).
+  # Ray's idle workers load the trainer before trials ask for them (studyrunner/orchestrate/cluster/warm_workers.py).
   if [[ ${STUDYRUNNER_WARM_WORKERS:-1} != 0 ]]; then
-    export RAY_preload_python_modules=${RAY_preload_python_modules:-studyrunner.orchestrate.trainable,torch._dynamo}
+    export RAY_preload_python_modules=${RAY_preload_python_modules:-studyrunner.orchestrate.cluster.trainable,torch._dynamo}
     export RAY_idle_worker_killing_time_threshold_ms=${RAY_idle_worker_killing_time_threshold_ms:-60000}
   fi
   run ray start --address="$head" --disable-usage-stats --block "$@"

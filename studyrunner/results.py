@@ -22,6 +22,7 @@ import pandas as pd
 
 from .errors import UsageError
 from .store import CurveStore, Ledger
+from .store.status import UNSUCCESSFUL, TrialStatus
 from .study import flatten_config
 from .study.claims_grammar import KEYWORDS, BoolOp, Compare, GrammarError, Not, Rule, parse_rule, tokenize
 from .workspace import Workspace
@@ -130,8 +131,9 @@ def cell_summary(df: pd.DataFrame, metric: str, mode: str = "max") -> pd.DataFra
     columns = ["cell", "mean", "std", "seeds", "failed"]
     if df.empty:
         return pd.DataFrame(columns=columns)
-    values = df[metric].where(df.status == "succeeded") if metric in df.columns else pd.Series(float("nan"), df.index)
-    failed = df.status.isin(("failed", "diverged"))
+    succeeded = df.status == TrialStatus.SUCCEEDED
+    values = df[metric].where(succeeded) if metric in df.columns else pd.Series(float("nan"), df.index)
+    failed = df.status.isin(UNSUCCESSFUL)
     if values.isna().all() and not failed.any():
         return pd.DataFrame(columns=columns)  # nothing reported yet, and nothing failed
     grouped = values.groupby(df["cell"], sort=False)

@@ -50,3 +50,118 @@ def small_sudoku_pools(tmp_path, monkeypatch):
     sudoku._pool.cache_clear()
     yield
     sudoku._pool.cache_clear()
+
+
+# ---- the two test layers -------------------------------------------------------------------------------------
+# `pytest -m "not e2e"` is the fast layer: it starts no Ray, no server and no subprocess, so a change can be
+# checked in minutes. A test that needs real processes is marked `e2e` (module-level `pytestmark`, or per test).
+# The guard below holds the fast layer to that: a test without the marker that starts a process fails and says
+# which, so a slow test cannot slip into the fast layer unnoticed. (`git` and `uname`, read-only and instant, are
+# allowed: a trial's provenance asks git for the commit, and `platform` asks uname for the processor.)
+
+_ALLOWED_PROGRAMS = {"git", "uname"}
+
+
+class _ProcessWatch:
+    """Records processes started (subprocess, fork, multiprocessing) and whether Ray came up, while armed."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.armed = False
+
+    def refuse(self, what: str) -> None:
+        # Raised at once, so a misplaced test fails in a second instead of running its processes; recorded too,
+        # in case the code under test swallows the error.
+        self.started.append(what)
+        raise RuntimeError(f"the fast test layer starts no process ({what}): mark this test e2e")
+
+    def install(self) -> None:
+        import multiprocessing.process
+        import os
+        import subprocess
+
+        watch = self
+        popen_init = subprocess.Popen.__init__
+        fork = os.fork
+        mp_start = multiprocessing.process.BaseProcess.start
+
+        def spy_popen(self, args, *a, **k):
+            if watch.armed:
+                argv = [args] if isinstance(args, str | bytes | os.PathLike) else list(args)
+                program = os.path.basename(str(argv[0]).split()[0]) if argv else "?"
+                if program not in _ALLOWED_PROGRAMS:
+                    watch.refuse(" ".join(str(a) for a in argv)[:120])
+            return popen_init(self, args, *a, **k)
+
+        def spy_fork():
+            if watch.armed:
+                watch.refuse("os.fork()")
+            return fork()
+
+        def spy_mp_start(self):
+            if watch.armed:
+                watch.refuse(f"multiprocessing {self.name}")
+            return mp_start(self)
+
+        subprocess.Popen.__init__ = spy_popen
+        os.fork = spy_fork
+        multiprocessing.process.BaseProcess.start = spy_mp_start
+
+
+_WATCH = _ProcessWatch()
+_CALL_PASSED = pytest.StashKey[bool]()
+
+
+def pytest_configure(config):
+    _WATCH.install()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    fast = item.get_closest_marker("e2e") is None
+    _WATCH.started.clear()
+    _WATCH.armed = fast
+    outcome = yield
+    _WATCH.armed = False
+    return outcome
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if item.get_closest_marker("e2e") is not None or report.failed:
+        return
+    if call.when == "call":
+        item.stash[_CALL_PASSED] = True
+    elif call.when == "teardown" and item.stash.get(_CALL_PASSED, False):  # a refusal the code swallowed
+        import sys
+
+        started = list(_WATCH.started)
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            started.append("ray.init()")
+        if started:
+            report.outcome = "failed"
+            report.longrepr = f"{item.nodeid}: a fast-layer test started {started[0]!r}; mark it e2e"
+
+
+# ---- one Ray for the end-to-end layer -------------------------------------------------------------------------
+# Starting Ray costs seconds and ~1.4 GB; tests that only need *a* Ray share this one. Collection puts them last,
+# together, so the shared Ray is up only while they run and no other test finds it running (a test that checks
+# the embedded Ray a command starts and stops, or starts one of another size, runs before it or in a subprocess).
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    from studyrunner.orchestrate import ensure_ray
+
+    ensure_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: "ray_session" in getattr(item, "fixturenames", ()))  # stable: order kept within

@@ -240,10 +240,11 @@ def test_analysis_commands_on_a_missing_workspace_are_one_line_and_create_nothin
 
 @pytest.mark.parametrize("drop_seed", [None, 3])
 def test_a_slope_over_two_depths_agrees_with_the_pairwise_claim(drop_seed):
-    """Issue 14: the quickstart's slope claim was 'supported' while the same contrast as a pairwise claim
-    was 'inconclusive'. Over two depths with every seed at both, CR2 by seed is the paired t: the same
-    interval (over ln 4) and verdict. Issue 22: with a seed missing at one depth, the estimate lies inside
-    its own interval (both from the one fit; the paired interval beside the fit's estimate did not)."""
+    """A slope over two depths and the same contrast as a pairwise claim must not disagree (the quickstart's
+    slope claim once read 'supported' beside an 'inconclusive' pairwise claim). Over two depths with every seed
+    at both, CR2 by seed is the paired t: the same interval (over ln 4) and verdict. With a seed missing at one
+    depth, the estimate lies inside its own interval (both from the one fit; the paired interval beside the
+    fit's estimate did not)."""
     from benchmarks.coverage import sample
 
     frame = sample([1, 4], 4, np.random.default_rng(3))

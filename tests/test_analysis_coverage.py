@@ -1,6 +1,6 @@
-"""Issues 14 and 22: the claims' verdicts hold their level, and their intervals cover, at the seed counts
-studies run (2-5 seeds a cell), on normal, bimodal (seeds that fail to chance or learn, split by the
-failure rule) and ceiling (accuracies tied at 1.0) seeds, with one or several cells at a depth.
+"""The claims' verdicts hold their level, and their intervals cover, at the seed counts studies run (2-5 seeds a
+cell), on normal, bimodal (seeds that fail to chance or learn, split by the failure rule) and ceiling (accuracies
+tied at 1.0) seeds, with one or several cells at a depth.
 
 Synthetic studies with a known truth (benchmarks/coverage.py); no training. Deterministic: the
 simulations' RNG is seeded per design and shape. Under no effect, "supported" and "contradicted" are
@@ -69,6 +69,7 @@ def _run(cases, sims):
     return problems
 
 
+@pytest.mark.e2e
 def test_claims_hold_their_level_and_intervals_cover():
     problems = _run(CASES, SIMS)
     assert not problems, "\n".join(problems)
@@ -83,8 +84,8 @@ def test_claims_hold_their_level_and_intervals_cover_in_every_design(request):
 
 
 def test_the_old_bootstrap_did_not_cover_at_two_seeds():
-    """What issue 14 measured: the percentile bootstrap of seeds within depths, and the [min, max]
-    'interval' of a 2-seed bootstrap, fall far below their nominal 95%."""
+    """Why the intervals are not bootstrapped at a few seeds: the percentile bootstrap of seeds within depths,
+    and the [min, max] 'interval' of a 2-seed bootstrap, fall far below their nominal 95%."""
     import numpy as np
 
     from studyrunner.analysis import fits

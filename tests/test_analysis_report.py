@@ -18,10 +18,11 @@ from analysis_ledger import build, loglinear_outcome, study_text
 from typer.testing import CliRunner
 
 from studyrunner.analysis import data as data_mod
-from studyrunner.analysis import mlflow_ui, report
-from studyrunner.analysis.live import rule_from, seed_aggregates
+from studyrunner.analysis import report
 from studyrunner.analysis.summary import analyze
 from studyrunner.cli import app
+from studyrunner.tracking import ui_links
+from studyrunner.tracking.aggregates import rule_from, seed_aggregates
 
 runner = CliRunner()
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
@@ -104,6 +105,7 @@ def test_report_is_self_contained_html(written):
     assert "run-synth-" in html  # every trial's MLflow run id
 
 
+@pytest.mark.e2e
 @needs_chromium
 def test_report_renders_in_headless_chromium(written, tmp_path):
     shot = tmp_path / "report.png"
@@ -128,7 +130,7 @@ def test_seed_aggregates_for_cell_runs():
 
 
 def test_recorder_logs_aggregates_on_the_cell_run(tmp_path):
-    from studyrunner.orchestrate.recorder import Recorder
+    from studyrunner.orchestrate.cluster.recorder import Recorder
     from studyrunner.store import Ledger
     from studyrunner.study import compile_study, loads
 
@@ -161,10 +163,10 @@ def test_recorder_logs_aggregates_on_the_cell_run(tmp_path):
 
 
 def test_runs_url():
-    assert mlflow_ui.runs_url("http://127.0.0.1:5000/", "7") == (
+    assert ui_links.runs_url("http://127.0.0.1:5000/", "7") == (
         "http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning"
     )
-    assert mlflow_ui.runs_url("sqlite:////tmp/x/mlflow.db", "7").startswith("http://127.0.0.1:5000/#/experiments/7/")
+    assert ui_links.runs_url("sqlite:////tmp/x/mlflow.db", "7").startswith("http://127.0.0.1:5000/#/experiments/7/")
 
 
 def _free_port() -> int:
@@ -180,28 +182,29 @@ def _mlflow_server(uri: str, port: int, log: Path) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
+@pytest.mark.e2e
 def test_mlflow_experiment_study_run_and_runs_page(written, tmp_path):
     """The experiment is marked as model training, `report` logs its files to a study-level run, and
     (with Chromium) the runs URL opens MLflow's runs table with the cell runs, not the GenAI overview."""
     from mlflow import MlflowClient
 
-    from studyrunner.orchestrate.tracking import Tracker
     from studyrunner.study import compile_study, loads
+    from studyrunner.tracking.tracker import Tracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker(uri)
     compiled = compile_study(loads(study_text()))
     exp = tracker.experiment("synth", (tmp_path / "artifacts").as_uri())
-    assert tracker.client.get_experiment(exp).tags[mlflow_ui.EXPERIMENT_KIND_TAG] == mlflow_ui.EXPERIMENT_KIND
-    tracker.client.delete_experiment_tag(exp, mlflow_ui.EXPERIMENT_KIND_TAG)  # an experiment from before the tag
+    assert tracker.client.get_experiment(exp).tags[ui_links.EXPERIMENT_KIND_TAG] == ui_links.EXPERIMENT_KIND
+    tracker.client.delete_experiment_tag(exp, ui_links.EXPERIMENT_KIND_TAG)  # an experiment from before the tag
     assert tracker.experiment("synth", (tmp_path / "artifacts").as_uri()) == exp
-    assert tracker.client.get_experiment(exp).tags[mlflow_ui.EXPERIMENT_KIND_TAG] == mlflow_ui.EXPERIMENT_KIND
+    assert tracker.client.get_experiment(exp).tags[ui_links.EXPERIMENT_KIND_TAG] == ui_links.EXPERIMENT_KIND
     runs = [tracker.cell_run(exp, compiled.study, cell, None) for cell in compiled.cells[:2]]
     tracker.log_metrics(runs[0], 2, {"eval_accuracy_mean": 0.5, "failure_rate": 0.0})
 
     files = written
-    run_id = mlflow_ui.log_study_run(uri, "synth", exp, files)
-    assert mlflow_ui.log_study_run(uri, "synth", exp, files[:1]) == run_id  # one study-level run
+    run_id = ui_links.log_study_run(uri, "synth", exp, files)
+    assert ui_links.log_study_run(uri, "synth", exp, files[:1]) == run_id  # one study-level run
     client = MlflowClient(uri)
     logged = {Path(a.path).name for a in client.list_artifacts(run_id, "analysis")}
     assert {"synth-report.html", "synth-cells.csv", "synth-fits.csv"} <= logged
@@ -221,7 +224,7 @@ def test_mlflow_experiment_study_run_and_runs_page(written, tmp_path):
             except OSError:
                 assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
                 time.sleep(0.5)
-        url = mlflow_ui.runs_url(base, exp)
+        url = ui_links.runs_url(base, exp)
         dom = chromium("--virtual-time-budget=10000", "--dump-dom", url).stdout
         assert compiled.cells[0].label in dom and "synth: study" in dom  # the runs table, with our runs
         shot = tmp_path / "runs.png"

@@ -143,8 +143,8 @@ def test_describe_intervals_and_iqm():
 
 
 def test_one_sample_yuen_holds_its_level_nearer_than_tukey_mclaughlin():
-    """Issue 22 asked for Tukey-McLaughlin's one-sample se, s_w / ((1 − 2γ)·√n), in place of Yuen's
-    (n − 1)·s_w² / (h·(h − 1)) (1.22x wider at n = 4). By simulation the narrower se rejects a true null
+    """One-sample Yuen keeps Yuen's se, (n − 1)·s_w² / (h·(h − 1)), rather than Tukey-McLaughlin's
+    s_w / ((1 − 2γ)·√n) (Yuen's is 1.22x wider at n = 4). By simulation the narrower se rejects a true null
     well above the one-sided 5% at 4-8 seeds; Yuen's form stays nearer: the verdicts rest on the level, so
     it stays (docstring of `stats.yuen_one`)."""
     from scipy.stats import t as student

@@ -132,7 +132,7 @@ def test_run_trial_is_bit_identical_with_and_without_prefetch(monkeypatch, tmp_p
 
 
 def test_background_reports_arrive_in_order_before_finish_returns():
-    from studyrunner.orchestrate.attempt import TuneReporter
+    from studyrunner.orchestrate.cluster.attempt import TuneReporter
 
     sent = []
 
@@ -151,7 +151,7 @@ def test_background_reports_arrive_in_order_before_finish_returns():
 
 
 def test_background_report_error_is_raised_on_the_training_thread():
-    from studyrunner.orchestrate.attempt import TuneReporter
+    from studyrunner.orchestrate.cluster.attempt import TuneReporter
 
     def stopped(result):
         raise SystemExit(0)  # what tune.report does when Tune stops the trial
@@ -198,6 +198,7 @@ def _without_slow_seeds_together() -> list[str]:
     return [n for n in suite.ORDER if tiny or n != "seeds_together"]
 
 
+@pytest.mark.e2e
 def test_suite_tiny_writes_every_figure_and_the_machine(tmp_path):
     path = tmp_path / "result.json"
     names = _without_slow_seeds_together()

@@ -1,4 +1,4 @@
-"""Trial checkpoints (issue 8, item 3): an interrupted and resumed trial ends bit-identical to one that
+"""Trial checkpoints: an interrupted and resumed trial ends bit-identical to one that
 never stopped; corrupt checkpoints fall back and say so; another trial's checkpoint is refused.
 
 Interruptions are injected by a reporter that raises when asked to log step s (the one test double)."""

@@ -1,9 +1,10 @@
-"""The distribution-free gate on an accuracy against a number (analysis/bounded.py, issue 22's hidden mode).
+"""The distribution-free gate on an accuracy against a number (analysis/claims/bounded.py): a failure mode no seed
+has shown yet.
 
 Seeds that fail to chance or succeed: when every seed so far succeeded, the one-sample t-test sees one mode and
 decides on it. On a metric with a known range the claim also needs the betting test, valid on any distribution
 there and at every look. A mean of a metric of no known range against a number is not decided at all (no test of a
-mean holds on skewed seeds without a bound: claims_location.no_range)."""
+mean holds on skewed seeds without a bound: claims.location.no_range)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from studyrunner.analysis import bounded, sequential
 from studyrunner.analysis import claims as claims_mod
+from studyrunner.analysis import sequential
+from studyrunner.analysis.claims import bounded
 from studyrunner.analysis.data import StudyData, annotate
 
 # A cell's resolved config as the ledger holds it: the task declares its metrics' ranges (tasks/levels.py).
@@ -120,7 +122,7 @@ def test_a_claim_whose_gate_cannot_pass_by_max_at_its_trend_is_futile():
 
 
 def test_seeds_needed_counts_the_seeds_the_gate_needs():
-    from studyrunner.analysis import power
+    from studyrunner.analysis.claims import power
 
     data = _study(SUCCESSES, "eval_accuracy")
     v = power.fill(data, [claims_mod.evaluate(data, "eval_accuracy[loops=4] > 0.74")])[0]

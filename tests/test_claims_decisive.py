@@ -1,6 +1,7 @@
-"""Issue 22, deliverable 0: the tests sequential looks rest on. One test per fault the audit found (each
-fails on the code before the fix), property tests that a verdict and its shown interval always agree,
-and `validate`'s report of the smallest p each claim's test can reach. Synthetic frames, no training."""
+"""How claims are decided, which sequential looks rest on: the seed as the unit, exact tests on bimodal, split
+and tied seeds, one α, every p under Holm. One test per fault an audit of the tests found (each fails on the code
+before the fix), property tests that a verdict and its shown interval always agree, and `validate`'s report of the
+smallest p each claim's test can reach. Synthetic frames, no training."""
 
 import itertools
 import math
@@ -102,7 +103,7 @@ def test_a_comparison_on_failure_split_seeds_uses_an_exact_randomisation_test():
 def test_a_mean_or_iqm_against_a_number_on_bimodal_seeds_cannot_be_decided():
     """`iqm(y) > c` with c the true IQM was called supported 22-33% of the time on bimodal seeds: no test
     of a location against a number holds there. It says so and points to the failure rate."""
-    values = {(1, 1): [0.25, 0.91, 0.92, 0.90, 0.93]}  # bimodal is read from 5 seeds (claims_evidence.BIMODAL_FROM)
+    values = {(1, 1): [0.25, 0.91, 0.92, 0.90, 0.93]}  # bimodal is read from 5 seeds (claims.evidence.BIMODAL_FROM)
     for claim in ("iqm(y)[loops=1] > 0.6", "y[loops=1] > 0.5"):
         v = claims.evaluate(data(values), claim)  # bimodal by its values (no rule)
         assert v.verdict == "inconclusive" and math.isnan(v.p) and math.isnan(v.lo), v
@@ -189,7 +190,7 @@ def test_every_decided_claim_carries_its_p_so_holm_covers_it():
     ):
         v = claims.evaluate(d, claim)
         assert v.verdict == "supported" and 0 <= v.p < 0.05 and v.lo > 0, (claim, v)
-    # an IQM of a metric of no known range against a number is decided by no test (claims_location.no_range)
+    # an IQM of a metric of no known range against a number is decided by no test (claims.location.no_range)
     v = claims.evaluate(d, "iqm(y)[loops=4] > 0.5")
     assert v.verdict == "inconclusive" and "no known range" in v.detail
     verdicts = claims.verify(d, ["median(y)[loops=4] > median(y)[loops=1]", "median(y)[loops=4] > 0.5"], holm=True)
@@ -261,7 +262,7 @@ def test_verdict_and_interval_agree_on_every_small_table():
 @pytest.mark.parametrize("seed", range(3))
 def test_randomisation_tests_match_enumeration_and_their_intervals(seed):
     """The exact tests' p-values against brute-force enumeration, and their bounds against the verdict."""
-    from studyrunner.analysis import exact
+    from studyrunner.analysis.claims import exact
 
     rng = np.random.default_rng(seed)
     for _ in range(30):

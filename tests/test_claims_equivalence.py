@@ -1,6 +1,6 @@
-"""Equivalence (`A ~= B`) and non-inferiority (`A >= B` with a margin) claims ("Verdicts a reviewer would accept",
-item 3): the grammar and study-file forms, what `validate` refuses, the two one-sided tests and their interval, and
-their decisions at a sequential look. The level and power by simulation: benchmarks/equivalence.py."""
+"""Equivalence (`A ~= B`) and non-inferiority (`A >= B` with a margin) claims: the grammar
+and study-file forms, what `validate` refuses, the two one-sided tests and their interval, and their decisions at a
+sequential look. The level and power by simulation: benchmarks/equivalence.py."""
 
 from __future__ import annotations
 

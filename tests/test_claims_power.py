@@ -1,4 +1,4 @@
-"""Issue 22, deliverable 1: the seeds an inconclusive claim's own test needs for 80% power. The closed
+"""The seeds an inconclusive claim's own test needs for 80% power. The closed
 forms and enumerations are checked against a simulation of `verify` itself on synthetic studies at the
 seeds they name (no training); the figures reach `verify`, `analyze`, the report and the JSON output."""
 
@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from studyrunner.analysis import claims, power
+from studyrunner.analysis import claims
+from studyrunner.analysis.claims import power
 from studyrunner.analysis.data import from_frame
 from studyrunner.cli import app
 
@@ -47,6 +48,7 @@ def simulated_power(make, claim: str, n: int, sims: int = SIMS) -> float:
     return float(np.mean([claims.evaluate(make(n, rng), claim).verdict == "supported" for _ in range(sims)]))
 
 
+@pytest.mark.e2e
 def test_paired_t_closed_form_matches_a_simulation_of_the_test():
     rng = np.random.default_rng(0)
     base = rng.normal(0.5, 0.05, 3)
@@ -71,6 +73,7 @@ def test_paired_t_closed_form_matches_a_simulation_of_the_test():
     assert bigger.effect == 0.05 and bigger.per_side < need.per_side
 
 
+@pytest.mark.e2e
 def test_cr2_slope_closed_form_matches_a_simulation_of_the_test():
     depths = (1, 2, 4)
     rng = np.random.default_rng(1)
@@ -90,6 +93,7 @@ def test_cr2_slope_closed_form_matches_a_simulation_of_the_test():
     assert simulated_power(lambda n, rng: make(n, rng, sd=sd_e), claim, need.per_side - 2) < 0.8 + TOLERANCE
 
 
+@pytest.mark.e2e
 def test_fisher_enumeration_matches_a_simulation_of_the_test():
     claim = "failure_rate[loops=4] < failure_rate[loops=1]"
     fails = {1: np.array([True, True, False]), 4: np.array([False, False, False])}

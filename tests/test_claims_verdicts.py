@@ -11,8 +11,8 @@ from scipy import stats as sps
 from typer.testing import CliRunner
 
 from studyrunner.analysis import claims as claims_mod
-from studyrunner.analysis import claims_slope
 from studyrunner.analysis import data as data_mod
+from studyrunner.analysis.claims.slope import slope_fit
 from studyrunner.cli import app
 from studyrunner.study.claims_grammar import parse_claim
 
@@ -85,7 +85,7 @@ def test_failure_rate_pairs_shared_seeds_with_an_exact_mcnemar_test(ledgers):
     v = claims_mod.evaluate(data, "failure_rate[loops=1, block_layers=1] > failure_rate[loops=8, block_layers=1]")
     assert v.verdict == "inconclusive" and "McNemar" in v.test
     assert v.p == pytest.approx(0.0625) and "one-sided p=0.0625" in v.detail
-    assert v.lo < 0 < v.hi  # the exact conditional interval agrees (Newcombe's lo > 0 did not: issue 22)
+    assert v.lo < 0 < v.hi  # the exact conditional interval agrees (Newcombe's interval, lo > 0, did not)
     # unpaired (two cells on the right): Fisher's exact one-sided, 4/4 vs 0/8
     v = claims_mod.evaluate(data, "failure_rate[loops=1, block_layers=1] > failure_rate[loops=8]")
     expected = sps.fisher_exact([[4, 0], [0, 8]], alternative="greater").pvalue
@@ -124,7 +124,7 @@ def test_t_claims_carry_the_one_sided_p_of_their_interval(ledgers):
     v = claims_mod.evaluate(data, "eval_accuracy[loops=1, block_layers=1] > 0.29")
     values = data.select((("loops", 1), ("block_layers", 1))).eval_accuracy
     t_p = sps.ttest_1samp(values, 0.29, alternative="greater").pvalue
-    # an accuracy against a number: the t-test and the distribution-free gate (analysis/bounded.py) both decide,
+    # an accuracy against a number: the t-test and the distribution-free gate (analysis/claims/bounded.py) both decide,
     # so the claim carries the larger p; here (seeds just above 0.29) the t-test alone would have supported it
     assert v.extra["gate"]["t_claimed"] == pytest.approx(t_p) and t_p < 0.05
     assert v.p == pytest.approx(max(t_p, v.extra["gate"]["claimed"])) and v.verdict == "inconclusive"
@@ -181,7 +181,7 @@ def test_slope_keeps_failed_seeds_with_a_value_and_drops_those_without(ledgers):
     data = load(ledgers, "failing")
     text = "slope(eval_accuracy ~ ln loops)[block_layers=1] > 0"
     q = parse_claim(text).lhs
-    fit = claims_slope.slope_fit(data, q, data.select(q.selector))
+    fit = slope_fit(data, q, data.select(q.selector))
     assert fit.n == 15  # 16 seeds: the 3 failed by the rule kept at their value, the crashed one dropped
     v = claims_mod.evaluate(data, text)
     assert "1 seeds dropped: no value (diverged)" in v.detail
@@ -189,7 +189,7 @@ def test_slope_keeps_failed_seeds_with_a_value_and_drops_those_without(ledgers):
 
 def test_claims_on_fewer_than_3_seeds_a_side_say_so(ledgers):
     data = load(ledgers, "clean")
-    # two cells a side, one seed: the seed is the unit (issue 22), so one value a side, and no test
+    # two cells a side, one seed: the seed is the unit of replication, so one value a side, and no test
     v = claims_mod.evaluate(data, "eval_accuracy[loops=8, seed=0] > eval_accuracy[loops=1, seed=0]")
     assert v.seeds == (1, 1) and "1 seed per side: an interval from fewer than 3 seeds is wide" in v.detail
     assert v.verdict == "inconclusive" and math.isnan(v.p)

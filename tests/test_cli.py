@@ -15,6 +15,8 @@ import pandas as pd
 import pytest
 from conftest import TINY_STUDY
 
+pytestmark = pytest.mark.e2e
+
 EXE = [sys.executable, "-m", "studyrunner.cli"]
 
 

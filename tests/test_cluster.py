@@ -349,6 +349,7 @@ def bucket_keys(cluster: Cluster, prefix: str) -> list[str]:
     return sorted(k for k in keys if not k.endswith("/"))  # not the empty markers of "folders" pyarrow makes
 
 
+@pytest.mark.e2e
 def test_a_study_on_a_multi_node_cluster_with_postgres_mlflow_server_and_object_store(cluster, monkeypatch):
     compiled = compile_study(loads(STUDY))
     keys = sorted(t.trial_key for t in compiled.trials)

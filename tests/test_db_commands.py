@@ -65,9 +65,9 @@ def test_a_database_with_other_tables_is_refused_and_left_as_it_was(tmp_path, ki
 
 @pytest.mark.parametrize("kind", ["app", "mlflow"])
 def test_a_refused_database_keeps_its_bytes_and_journal_mode(tmp_path, kind):
-    """Issue 21 item 9: refusing a database must not change it first (`db upgrade` used to turn a foreign SQLite
-    file's journal from `delete` to `wal`). Every verb that opens a ledger leaves its bytes as they were and
-    creates nothing beside it; `submit` refuses it before making an MLflow store."""
+    """Refusing a database must not change it first (a `db upgrade` that opened it for writing would turn a
+    foreign SQLite file's journal from `delete` to `wal`). Every verb that opens a ledger leaves its bytes as they
+    were and creates nothing beside it; `submit` refuses it before making an MLflow store."""
     path = tmp_path / f"{kind}.db"
     url = app_database(path) if kind == "app" else mlflow_store(path)
     with sqlite3.connect(path) as con:
@@ -153,6 +153,7 @@ def test_db_current_names_an_older_revision_and_its_upgrade(tmp_path):
     assert f"revision {ledger_schema.head()}" in result.stdout and "current" in result.stdout
 
 
+@pytest.mark.e2e
 def test_postgresql_with_other_tables_is_refused_and_left_as_it_was(postgres_url):  # noqa: F811
     engine = create_engine(postgres_url)
     with engine.begin() as conn:

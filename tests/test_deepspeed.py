@@ -1,4 +1,4 @@
-"""DeepSpeed trials (`train.engine: deepspeed`, issue 16 item 3): validation, and real runs on 2 CPU workers.
+"""DeepSpeed trials (`train.engine: deepspeed`): validation, and real runs on 2 CPU workers.
 
 The runs are real: a Ray session, Ray Tune trials that each drive a Ray Train `TorchTrainer` of two gloo
 workers calling `deepspeed.initialize` (ZeRO 1, 2 and 3, a torch AdamW client optimizer), the SQLite
@@ -23,7 +23,7 @@ from mlflow import MlflowClient
 
 from studyrunner.errors import StudyrunnerError
 from studyrunner.orchestrate import RerunSelection, RunOptions, ensure_ray, rerun, submit
-from studyrunner.orchestrate.capacity import check_cluster_fits, concurrent_runs
+from studyrunner.orchestrate.cluster.capacity import check_cluster_fits, concurrent_runs
 from studyrunner.store import CurveStore, Ledger
 from studyrunner.study import compile_study, loads
 from studyrunner.study.schema import Resources
@@ -134,7 +134,7 @@ def test_a_mixed_grid_runs_plain_cells_as_plain_trials():
 def test_the_cluster_must_hold_every_worker_at_once_and_the_driver_takes_no_cpu():
     resources = Resources(cpu=1, workers=2)
     one_node = [{"Alive": True, "Resources": {"CPU": 2.0, "memory": 8e9}}]
-    check_cluster_fits(resources, one_node)  # the README's example on a 2-CPU machine (issue 21: was refused)
+    check_cluster_fits(resources, one_node)  # the README's example fits a 2-CPU machine
     with pytest.raises(StudyrunnerError, match=r"needs 3 workers of 1 CPU each .* cannot place them"):
         check_cluster_fits(Resources(cpu=1, workers=3), one_node)
     two_small = [{"Alive": True, "Resources": {"CPU": 1.5}}, {"Alive": True, "Resources": {"CPU": 1.5}}]
@@ -148,17 +148,21 @@ def test_the_cluster_must_hold_every_worker_at_once_and_the_driver_takes_no_cpu(
 
 
 @pytest.fixture(scope="module")
-def ray_session():
+def ray_four_cpus():
+    """A Ray of its own with 4 logical CPUs (the shared session Ray has 2), stopped after the module."""
     import ray
 
+    ray.shutdown()
     ensure_ray(num_cpus=4)  # logical CPUs: three 2-worker runs at 0.5 CPU a worker (their drivers take none)
     yield
     ray.shutdown()
 
 
-def test_workers_that_take_every_cpu_are_placed(ray_session, tmp_path):
-    """Two workers of 2 CPUs on the 4-CPU Ray: their Train driver reserves no CPU (issue 21: it reserved 0.1,
-    and such a study was refused). Without deepspeed installed the workers fail at its import: they ran."""
+@pytest.mark.e2e
+def test_workers_that_take_every_cpu_are_placed(ray_four_cpus, tmp_path):
+    """Two workers of 2 CPUs on the 4-CPU Ray: their Train driver reserves no CPU (one that reserved 0.1 would
+    leave them no room, and the study would be refused). Without deepspeed installed the workers fail at its
+    import: they ran."""
     ws = Workspace.resolve(tmp_path)
     text = study_text("full", DEEPSPEED, extra="resources: {cpu: 2, workers: 2}\n")
     result = submit(compile_study(loads(text)), ws, show_progress=False)
@@ -170,7 +174,7 @@ def test_workers_that_take_every_cpu_are_placed(ray_session, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def zero_runs(ray_session, tmp_path_factory):
+def zero_runs(ray_four_cpus, tmp_path_factory):
     ws = Workspace.resolve(tmp_path_factory.mktemp("deepspeed"))
     text = study_text("zero", ZERO + "}", extra=WORKERS + "grid: {train.deepspeed.zero_stage: [1, 2, 3]}\n")
     compiled = compile_study(loads(text))
@@ -190,6 +194,7 @@ def assert_close(name: str, a: float, b: float) -> None:
         assert a == pytest.approx(b, rel=1e-5, abs=1e-7), name
 
 
+@pytest.mark.e2e
 @needs_deepspeed
 def test_zero_1_2_and_3_train_on_two_workers_and_match_the_plain_engine(zero_runs):
     ws, compiled, result = zero_runs
@@ -214,6 +219,7 @@ def test_zero_1_2_and_3_train_on_two_workers_and_match_the_plain_engine(zero_run
     assert stages == {1, 2, 3}
 
 
+@pytest.mark.e2e
 @needs_deepspeed
 def test_deepspeed_trials_are_recorded_like_any_other(zero_runs):
     ws, compiled, _ = zero_runs
@@ -246,6 +252,7 @@ def test_deepspeed_trials_are_recorded_like_any_other(zero_runs):
         assert [m.step for m in client.get_metric_history(run.info.run_id, "eval_accuracy")] == [6, 12]
 
 
+@pytest.mark.e2e
 @needs_deepspeed
 def test_a_killed_deepspeed_trial_is_rerun_from_its_checkpoint_bit_exactly_until_its_divergence_rule_holds(
     zero_runs, tmp_path, monkeypatch

@@ -1,4 +1,4 @@
-"""Device, precision and compile mode (issue 9, item 1), on the CPU: device selection, the options'
+"""Device, precision and compile mode, on the CPU: device selection, the options'
 validation and recording, the bf16 autocast path, fp32 results unchanged, and the import rule that
 lets a trial run on a bare GPU machine (torch, numpy, pydantic and the standard library only).
 
@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from studyrunner.study import compile_study, loads
 from studyrunner.tasks import Batch
 from studyrunner.train import MemoryReporter, run_trial
 from studyrunner.train import device as device_mod
+from studyrunner.train.config import TrainConfig
 from studyrunner.train.device import DeviceUnavailable, Runtime, select_device
 
 TIMING = {"tokens_per_sec", "step_time_ms", "train_time_s"}
@@ -32,6 +34,11 @@ def tiny_config(study=TINY_STUDY, **train):
     config = compile_study(loads(study)).cells[1].config
     config["train"].update(train)
     return config
+
+
+def knobs(device=None, precision=None, compile=None):
+    """What `Runtime.resolve` reads of a train section (`RuntimeKnobs`), any values: its own checks run."""
+    return SimpleNamespace(device=device, precision=precision, compile=compile)
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +67,7 @@ def fake_gpus(monkeypatch):
 def test_auto_without_a_gpu_is_the_cpu(no_gpu):
     assert select_device("auto") == torch.device("cpu")
     assert select_device("auto", "cpu") == torch.device("cpu")
-    assert Runtime.resolve({}).device == torch.device("cpu")  # unset = auto
+    assert Runtime.resolve(knobs()).device == torch.device("cpu")  # unset = auto
 
 
 def test_auto_takes_the_assigned_gpu_or_none(fake_gpus):
@@ -95,7 +102,9 @@ def test_a_trial_asking_for_cuda_without_one_fails_before_training(no_gpu):
 @pytest.mark.parametrize("knob,value", [("device", "gpu"), ("precision", "fp16"), ("compile", "max_autotune")])
 def test_unknown_values_are_refused(knob, value):
     with pytest.raises(ValueError, match=f"train.{knob} must be one of"):
-        Runtime.resolve({knob: value})
+        Runtime.resolve(knobs(**{knob: value}))  # the trial config refuses them too (TrainConfig's types)
+    with pytest.raises(ValueError, match=knob):
+        TrainConfig.model_validate({**tiny_config()["train"], knob: value})
 
 
 # ---------------------------------------------------------------------------- the study file
@@ -227,6 +236,7 @@ def test_batches_stay_put_on_the_cpu():
 BARE = {"ray", "mlflow", "sqlalchemy", "pandas", "pyarrow", "yaml", "rich", "typer", "click", "alembic"}
 
 
+@pytest.mark.e2e
 def test_train_models_tasks_import_nothing_of_the_platform():
     code = (
         "import sys, json\n"
@@ -273,7 +283,7 @@ def test_module_level_imports_are_torch_numpy_pydantic_stdlib_or_each_other():
 
 def test_the_trainable_runs_on_the_gpu_ray_assigned(monkeypatch):
     ray = pytest.importorskip("ray")
-    from studyrunner.orchestrate import attempt as mod
+    from studyrunner.orchestrate.cluster import attempt as mod
 
     cases = [([], None, "cpu"), (["3"], "3", "cuda:0"), ([3], "1,3", "cuda:1"), (["2"], None, "cuda:2")]
     for ids, visible, expected in cases:
@@ -287,7 +297,7 @@ def test_the_trainable_runs_on_the_gpu_ray_assigned(monkeypatch):
 
 def test_the_tune_reporter_sends_facts_with_the_next_record(monkeypatch):
     pytest.importorskip("ray")
-    from studyrunner.orchestrate import attempt as mod
+    from studyrunner.orchestrate.cluster import attempt as mod
 
     sent = []
     monkeypatch.setattr(mod.tune, "report", sent.append)

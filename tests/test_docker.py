@@ -36,6 +36,8 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 from test_ledger import postgres_url  # noqa: F401 - a throwaway PostgreSQL server on 127.0.0.1
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER = ROOT / "docker"
 ENTRYPOINT = DOCKER / "entrypoint.sh"

@@ -35,6 +35,7 @@ BASE_IMAGE = os.environ.get("STUDYRUNNER_DOCKER_BASE_IMAGE", "studyrunner-base:b
 PROJECT = f"srtest{os.getpid()}"
 
 pytestmark = [
+    pytest.mark.e2e,
     pytest.mark.docker,
     pytest.mark.skipif(
         os.environ.get("STUDYRUNNER_DOCKER_TESTS") != "1",

@@ -105,6 +105,7 @@ def site(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.e2e
 def test_the_manual_builds_strictly_with_every_page(site):
     built = {p.relative_to(site).parent.as_posix() for p in site.rglob("index.html")}
     for page in pages():
@@ -151,6 +152,7 @@ def schema_fields(schema: dict) -> set[str]:
     return fields
 
 
+@pytest.mark.e2e
 def test_the_study_file_reference_lists_every_field_of_the_schema(site):
     printed = CliRunner().invoke(app, ["schema"])
     assert printed.exit_code == 0, printed.output
@@ -163,6 +165,7 @@ def test_the_study_file_reference_lists_every_field_of_the_schema(site):
     assert not missing, f"the study-file reference lacks {len(missing)} fields: {missing[:20]}"
 
 
+@pytest.mark.e2e
 def test_the_command_line_reference_lists_every_verb_and_option(site):
     page = html.unescape(re.sub(r"<[^>]+>", "", (site / "reference" / "cli" / "index.html").read_text()))
     import typer.main
@@ -210,6 +213,7 @@ def shell_lines(block: Block) -> list[str]:
     return lines
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("block", RUN, ids=str)
 def test_marked_shell_examples_run_in_a_fresh_workspace(block, tmp_path):
     workspace = tmp_path / "ws"

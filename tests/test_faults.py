@@ -19,13 +19,13 @@ from conftest import TINY_STUDY
 from mlflow import MlflowClient
 from rich.console import Console
 
-from studyrunner.orchestrate import ensure_ray, submit
+from studyrunner.orchestrate import submit
 from studyrunner.store import Ledger
 from studyrunner.study import compile_study, loads
 from studyrunner.train import run_trial
 from studyrunner.workspace import Workspace
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 EXE = [sys.executable, "-m", "studyrunner.cli"]
 TIMING = {"tokens_per_sec", "step_time_ms", "train_time_s"}  # wall-clock figures: never bit-identical
@@ -53,15 +53,6 @@ def without_timing(metrics: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------- in-process driver
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ensure_ray(num_cpus=2)
-    yield
-    ray.shutdown()
 
 
 def test_a_worker_killed_mid_training_resumes_from_its_checkpoint_bit_exactly(ray_session, tmp_path, monkeypatch):
@@ -113,7 +104,7 @@ def test_an_injected_divergence_ends_diverged_and_is_not_retried(ray_session, tm
 
 
 def test_without_the_live_display_each_failed_trial_still_gets_its_line(ray_session, tmp_path, monkeypatch):
-    """`--no-progress` (show_progress=False) drops the live bar, not the `failed KEY: ...` line (issue 21)."""
+    """`--no-progress` (show_progress=False) drops the live bar, not the `failed KEY: ...` line."""
     ws = Workspace.resolve(tmp_path)
     compiled = compile_study(loads(study_text("quiet")))
     victim = compiled.trials[0].trial_key
@@ -140,9 +131,9 @@ def test_an_edit_that_changes_cells_that_ran_is_refused(ray_session, tmp_path):
     assert Ledger(ws.db_url).trials("edited")[0].status == "succeeded"  # nothing stored is touched
     grown = compile_study(loads(study_text("edited", seeds="[0, 1, 2]").replace("[1, 2]", "[2]")))
     assert grown.cells and len(grown.cells) == 1  # a grid value dropped, a seed added: allowed
-    from studyrunner.orchestrate.runner import _refuse_changed_meaning
+    from studyrunner.orchestrate.commands.preflight import refuse_changed_meaning
 
-    _refuse_changed_meaning(Ledger(ws.db_url), grown)
+    refuse_changed_meaning(Ledger(ws.db_url), grown)
 
 
 # ------------------------------------------------------------------------------ the CLI, as users

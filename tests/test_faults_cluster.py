@@ -16,7 +16,7 @@ from studyrunner.study import compile_study, loads
 from studyrunner.train import run_trial
 from studyrunner.workspace import Workspace
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    from studyrunner.orchestrate.ray_runtime import quiet_ray_env
+    from studyrunner.orchestrate.cluster.ray_runtime import quiet_ray_env
 
     quiet_ray_env()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})

@@ -8,19 +8,12 @@ from conftest import TINY_STUDY
 from mlflow import MlflowClient
 
 from studyrunner import results
-from studyrunner.orchestrate import RerunSelection, RunOptions, ensure_ray, rerun, submit
+from studyrunner.orchestrate import RerunSelection, RunOptions, rerun, submit
 from studyrunner.store import CurveStore, Ledger
 from studyrunner.study import compile_study, loads
 from studyrunner.workspace import Workspace
 
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ensure_ray(num_cpus=2)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")

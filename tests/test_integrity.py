@@ -1,4 +1,4 @@
-"""Integrity under crashes and odd stores (issue 13), as a user meets them: real `studyrunner` processes, a real
+"""Integrity under crashes and odd stores, as a user meets them: real `studyrunner` processes, a real
 Ray, real MLflow and SQLite stores; `kill -9` at chosen moments, corrupt files, a read-only mount.
 
 - a live submit is never taken over (`rerun --stale --stale-after 0`, `resume` beside it);
@@ -32,7 +32,7 @@ from studyrunner.study import compile_study, loads
 from studyrunner.train import MemoryReporter, run_trial
 from studyrunner.workspace import Workspace
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 
 def ledger_of(ws: Path) -> Ledger:
@@ -415,12 +415,12 @@ def test_commands_started_together_share_files_without_tripping_each_other(tmp_p
 
 
 def test_a_report_gives_up_on_an_unreachable_mlflow_server_in_seconds(base, tmp_path, monkeypatch):
-    """The report is written; logging it to a dead server fails after one retry (mlflow_http.HTTP_DEFAULTS), not
+    """The report is written; logging it to a dead server fails after one retry (tracking.http.HTTP_DEFAULTS), not
     after MLflow's 7 retries with backoff (about two minutes), and says so in one warning."""
     from typer.testing import CliRunner
 
     from studyrunner.cli import app
-    from studyrunner.mlflow_http import HTTP_DEFAULTS
+    from studyrunner.tracking.http import HTTP_DEFAULTS
 
     for name in HTTP_DEFAULTS:
         monkeypatch.delenv(name, raising=False)

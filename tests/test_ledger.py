@@ -65,6 +65,7 @@ def ledger(request, tmp_path):
         conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
 
 
+@pytest.mark.e2e
 def test_register_is_idempotent_and_leaves_failed_trials_to_rerun(ledger):
     compiled = compile_study(loads(TINY_STUDY))
     keys = [t.trial_key for t in compiled.trials]
@@ -95,6 +96,7 @@ def test_register_is_idempotent_and_leaves_failed_trials_to_rerun(ledger):
     ]
 
 
+@pytest.mark.e2e
 def test_leases_give_each_trial_to_one_submission(ledger):
     compiled = compile_study(loads(TINY_STUDY))
     keys = [t.trial_key for t in compiled.trials]
@@ -114,6 +116,7 @@ def test_leases_give_each_trial_to_one_submission(ledger):
     assert sorted(ledger.claim("tiny", keys, b)) == sorted(keys[1:])  # succeeded trials are never claimed
 
 
+@pytest.mark.e2e
 def test_two_reapers_of_one_dead_submission_leave_the_new_lease_alone(ledger):
     """Two resumes reap the same dead driver at once. The slower one must not undo the lease the faster one
     took in between: it did (it read the driver's trials, then wrote them by key), and both ran every trial.
@@ -153,10 +156,11 @@ def test_two_reapers_of_one_dead_submission_leave_the_new_lease_alone(ledger):
     assert all([a.status for a in ledger.attempts(k)] == ["interrupted"] for k in keys)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("before", ["nobody", "a dead submit"])
 def test_two_submits_claiming_one_search_at_once_give_it_to_exactly_one(ledger, before):
-    """Issue 21 item 3: two submits of a search started at the same moment both ran it (the check came before
-    the submission registered itself). The second claim is run exactly between the first's read of which
+    """Two submits of a search started at the same moment must not both run it (as they would if the check came
+    before the submission registered itself). The second claim is run exactly between the first's read of which
     submissions are dead and its conditional write, with the search free or held by a dead submit."""
     from datetime import timedelta
 
@@ -194,6 +198,7 @@ def test_two_submits_claiming_one_search_at_once_give_it_to_exactly_one(ledger, 
     assert ledger.claim_owner("tiny", late) is None
 
 
+@pytest.mark.e2e
 def test_a_dead_search_holder_is_taken_over_and_a_live_one_never(ledger):
     import subprocess
     import sys
@@ -222,6 +227,7 @@ def _set_submission(ledger: Ledger, sid: str, **values) -> None:
         s.execute(update(SubmissionRow).where(SubmissionRow.id == sid).values(**values))
 
 
+@pytest.mark.e2e
 def test_a_silent_submission_on_another_host_loses_its_leases(ledger):
     compiled = compile_study(loads(TINY_STUDY))
     keys = [t.trial_key for t in compiled.trials]
@@ -243,6 +249,7 @@ def test_a_silent_submission_on_another_host_loses_its_leases(ledger):
     assert sorted(ledger.claim("tiny", keys, b, stale_after=0.2)) == sorted(keys)
 
 
+@pytest.mark.e2e
 def test_on_this_host_the_process_decides_not_the_heartbeat(ledger):
     """A live submit is never taken over, however stale its heartbeat (`--stale-after 0`); a dead one, or
     one whose pid now belongs to a newer process, is stale at once."""
@@ -278,6 +285,7 @@ def test_on_this_host_the_process_decides_not_the_heartbeat(ledger):
     assert sorted(ledger.claim("tiny", keys, b, stale_after=3600)) == sorted(keys)
 
 
+@pytest.mark.e2e
 def test_a_claim_keeps_a_finished_trials_outcome_until_an_attempt_starts(ledger):
     """`rerun --diverged` that stops before the attempt starts (an error, Ctrl-C) loses nothing."""
     compiled = compile_study(loads(TINY_STUDY))
@@ -294,6 +302,7 @@ def test_a_claim_keeps_a_finished_trials_outcome_until_an_attempt_starts(ledger)
     assert (row.status, row.owner, row.failure_class, row.error) == ("diverged", None, "divergence", "nan at 5")
 
 
+@pytest.mark.e2e
 def test_cancel_marks_unheld_pending_trials(ledger):
     compiled = compile_study(loads(TINY_STUDY))
     keys = [t.trial_key for t in compiled.trials]
@@ -308,6 +317,7 @@ def test_cancel_marks_unheld_pending_trials(ledger):
     assert sorted(ledger.register(compiled).to_run) == sorted(keys)  # a later submit runs them
 
 
+@pytest.mark.e2e
 def test_status_counts_and_results_frame(ledger):
     compiled = compile_study(loads(TINY_STUDY))
     ledger.register(compiled)
@@ -323,6 +333,7 @@ def test_status_counts_and_results_frame(ledger):
     assert set(df["model.params.loops"]) == {1, 2}
 
 
+@pytest.mark.e2e
 def test_unknown_study_names_the_known_ones(ledger):
     from studyrunner.errors import StudyrunnerError
 
@@ -359,6 +370,7 @@ def test_cell_summary_orders_by_mode_and_counts_failed_seeds(tmp_path):
     # A metric nobody reported still lists the cells with failures, so failures are never hidden.
     unreported = cell_summary(df, "no_such_metric").set_index("cell")
     assert unreported["mean"].isna().all() and unreported["failed"].to_dict() == {a0.label: 0, b0.label: 1}
+    ledger.mark_running(b0.trial_key)  # a rerun's attempt: an ended trial changes only through a new one
     ledger.mark_failed(b0.trial_key, "RuntimeError: diverged")  # now every seed of cell b failed
     summary = cell_summary(trials_frame(ledger, "tiny"), "eval_accuracy").set_index("cell")
     assert summary.loc[b0.label, ["seeds", "failed"]].tolist() == [0, 2]
@@ -414,6 +426,7 @@ def empty_url(request, tmp_path):
     engine.dispose()
 
 
+@pytest.mark.e2e
 def test_an_older_ledger_is_refused_until_db_upgrade_which_keeps_its_rows(empty_url):
     from typer.testing import CliRunner
 
@@ -436,6 +449,7 @@ def test_an_older_ledger_is_refused_until_db_upgrade_which_keeps_its_rows(empty_
     assert "already at revision 0006" in runner.invoke(app, ["db", "upgrade", "--db", empty_url]).output
 
 
+@pytest.mark.e2e
 def test_migrating_from_nothing_gives_exactly_the_declared_tables(empty_url):
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext

@@ -146,6 +146,7 @@ def expected_params(config: dict) -> dict[str, tuple[str, float | None]]:
     return out
 
 
+@pytest.mark.e2e
 def test_long_rows_equal_the_json_columns(url):
     ledger = build(url)
     metrics = long_metrics(ledger)
@@ -176,6 +177,7 @@ def test_long_rows_equal_the_json_columns(url):
     assert params[beta_cell]["task.params.reverse_answer"] == ("true", 1.0)
 
 
+@pytest.mark.e2e
 def test_writes_replace_the_rows_and_keep_numbers_only(url):
     ledger = build(url)
     key = next(t.trial_key for t in ledger.trials("alpha") if t.status == "succeeded")
@@ -193,6 +195,7 @@ def test_writes_replace_the_rows_and_keep_numbers_only(url):
     assert long_params(ledger)[("alpha", cell.cell_hash)] == expected_params(cell.config)
 
 
+@pytest.mark.e2e
 def test_registering_again_keeps_one_row_per_param(url):
     ledger = build(url)
     before = long_params(ledger)
@@ -231,6 +234,7 @@ def test_the_readme_has_the_three_queries_and_a_where_example():
     assert any("--where" in line for block in readme_blocks("bash") for line in block.splitlines())
 
 
+@pytest.mark.e2e
 def test_readme_query_best_cell_per_study(url):
     ledger = build(url)
     df = results.studies_frame(ledger)
@@ -244,6 +248,7 @@ def test_readme_query_best_cell_per_study(url):
     assert [(s, c, n) for s, c, _, n in rows] == [("alpha", "loops=8", 1), ("beta", "digits=2", 2)]
 
 
+@pytest.mark.e2e
 def test_readme_query_failed_seeds(url):
     build(url)
     rows = run_sql(url, readme_query("IN ('failed', 'diverged')"))
@@ -254,6 +259,7 @@ def test_readme_query_failed_seeds(url):
     assert rows[0][5].startswith("RuntimeError: synthetic crash") and rows[1][5] == "loss diverged"
 
 
+@pytest.mark.e2e
 def test_readme_query_loops_against_accuracy(url):
     ledger = build(url)
     df = results.studies_frame(ledger)
@@ -420,6 +426,7 @@ def test_results_of_one_study_keep_their_formats(sqlite_ledger, tmp_path):
 # --- migration 0003 backfills the long tables ----------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_upgrading_a_0002_ledger_backfills_the_long_tables(url):
     from alembic import command
 

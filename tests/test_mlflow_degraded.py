@@ -23,13 +23,13 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from sqlalchemy import update
 
 from studyrunner.errors import StudyrunnerError
-from studyrunner.mlflow_http import HTTP_DEFAULTS
-from studyrunner.orchestrate.mlflow_guard import MlflowGuard
-from studyrunner.orchestrate.mlflow_sync import sync_mlflow
-from studyrunner.orchestrate.tracking import Tracker
 from studyrunner.store import CurveStore, Ledger
 from studyrunner.store.db import TrialRow
 from studyrunner.study import compile_study, loads
+from studyrunner.tracking.guard import MlflowGuard
+from studyrunner.tracking.http import HTTP_DEFAULTS
+from studyrunner.tracking.sync import sync_mlflow
+from studyrunner.tracking.tracker import Tracker
 
 STUDY = """\
 name: degraded
@@ -253,7 +253,7 @@ FULL = {"train_loss": [0, 4, 8, 12], "eval_accuracy": [6, 12], "effective_depth"
 def test_a_run_mlflow_cannot_read_now_is_continued_later_not_replaced(tmp_path, http_defaults, monkeypatch):
     """A new attempt of a trial whose run MLflow fails to read (down, timing out) must not give the trial
     a second run: only a run the store says is gone is replaced (the sync continues the ledger's run)."""
-    from studyrunner.orchestrate.recorder import Recorder
+    from studyrunner.orchestrate.cluster.recorder import Recorder
 
     s = Study(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
     trial, client = s.trials[0], s.tracker.client
@@ -476,6 +476,7 @@ def test_a_hung_server_costs_one_bounded_call(http_defaults):
     print(f"hung server: the call gave up after {took:.1f} s")
 
 
+@pytest.mark.e2e
 def test_a_killed_server_fails_fast_and_sync_backfills_after_restart(tmp_path, server, http_defaults):
     started = server.start()
     s = Study(tmp_path / "ws", server.url)
@@ -526,6 +527,7 @@ def test_a_killed_server_fails_fast_and_sync_backfills_after_restart(tmp_path, s
     print(f"server start {started:.1f} s, restart {restarted:.1f} s, dead call failed in {failed_in:.2f} s")
 
 
+@pytest.mark.e2e
 def test_cli_sync_mlflow(tmp_path, server):
     server.start()
     s = Study(tmp_path / "ws", server.url)
@@ -573,9 +575,10 @@ def _mlflow_histories(client, run_id: str) -> dict[str, list[tuple[int, float]]]
     return {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k)) for k in keys}
 
 
+@pytest.mark.e2e
 @pytest.mark.faults
 def test_submit_survives_mlflow_dying_mid_study_and_sync_backfills(tmp_path, server):
-    """Issue 8 item 6, with real processes: the MLflow server of a running `submit` is SIGKILLed while
+    """With real processes: the MLflow server of a running `submit` is SIGKILLed while
     its first trials run. The study finishes on time with everything in the ledger and the curves, says
     so once, and `sync-mlflow` after a restart leaves one complete run per trial; a second sync is a no-op."""
     from mlflow import MlflowClient

@@ -1,4 +1,4 @@
-"""Seams every family shares (issue 6, items 1, 4 and 9): test-time depth, named aux terms, diagnostic
+"""Seams every family shares: test-time depth, named aux terms, diagnostic
 names, meta-device builds; and the `looped` extensions (middle looping, memory, regulariser)."""
 
 from types import SimpleNamespace

@@ -1,4 +1,4 @@
-"""Halting invariants (issue 6, item 9): Graves ACT and the `ut_act` family (seed 003), PonderNet weights."""
+"""Halting invariants: Graves ACT and the `ut_act` family (seed 003), PonderNet weights."""
 
 from types import SimpleNamespace
 

@@ -1,4 +1,4 @@
-"""LoopFormer (issue 15, items 1 and 9): AdaLN-Zero identity at init, trajectories and samplers, budgets
+"""LoopFormer: AdaLN-Zero identity at init, trajectories and samplers, budgets
 that run exactly M steps, the objectives' extra runs, and Base-Loop = the `looped` family."""
 
 import math

@@ -1,4 +1,4 @@
-"""LoopLM and MELT (seed 001) and the KV cache (issue 15, item 9): KV bytes, chunk-wise = token-serial,
+"""LoopLM and MELT (seed 001) and the KV cache: KV bytes, chunk-wise = token-serial,
 incremental decoding = the full forward pass, exit probabilities, the interpolated transition."""
 
 import math

@@ -1,4 +1,4 @@
-"""Memory tokens, gated memory banks and the `adaptive_layers` family (seed 000) (issue 6, items 3 and 9)."""
+"""Memory tokens, gated memory banks and the `adaptive_layers` family (seed 000)."""
 
 from types import SimpleNamespace
 

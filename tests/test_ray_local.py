@@ -1,4 +1,4 @@
-"""The embedded Ray of `submit` is this machine's alone (issue 21 item 1), checked on a real submit while it
+"""The embedded Ray of `submit` is this machine's alone, checked on a real submit while it
 runs: every listening socket of every Ray process it started is on 127.0.0.1 (none answers on the machine's
 other addresses), a client without the token is refused while one with it joins, and the token is a 0600
 file outside $HOME that is never printed and goes when the submit ends."""
@@ -20,7 +20,7 @@ from test_faults import cli, finish, statuses, study_text, wait_for
 from studyrunner.orchestrate.submission import _processes_of
 from studyrunner.store import Ledger
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 

@@ -78,7 +78,7 @@ def test_quickstart_compares_looped_with_shallow_and_deeper_unlooped():
         (c.config["model"]["params"]["block_layers"], c.config["model"]["params"]["loops"]) for c in compiled.cells
     }
     assert shapes == {(1, 1), (1, 4), (4, 1)}
-    seeds = compiled.study.seeds  # sequential, within issue 22's bounds: start 2 or 3, max at most 8
+    seeds = compiled.study.seeds  # sequential, small enough to run in minutes: start 2 or 3, max at most 8
     assert seeds.start in (2, 3) and seeds.max <= 8 and compiled.study.claims
 
 

@@ -19,8 +19,9 @@ from test_ledger import postgres_url  # noqa: F401 - the throwaway PostgreSQL se
 from studyrunner.analysis import data as analysis_data
 from studyrunner.analysis.summary import analyze
 from studyrunner.errors import SpecError
-from studyrunner.orchestrate import RerunSelection, RunOptions, ensure_ray, rerun, resume, submit
-from studyrunner.orchestrate.search import OPTUNA_SCHEMA, open_storage, optuna_location, seeded_sampler
+from studyrunner.orchestrate import RerunSelection, RunOptions, rerun, resume, submit
+from studyrunner.orchestrate.feeds.search_optuna import seeded_sampler
+from studyrunner.orchestrate.feeds.search_storage import OPTUNA_SCHEMA, open_storage, optuna_location
 from studyrunner.store import Ledger
 from studyrunner.study import compile_study, loads
 from studyrunner.study.compiler import search_cell
@@ -190,15 +191,6 @@ def test_suggestion_n_depends_on_the_history_and_n_not_on_the_process_that_asks(
 # ----------------------------------------------------------------------------- searches on a real Ray
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ensure_ray(num_cpus=2)
-    yield
-    ray.shutdown()
-
-
 def tables(path: Path) -> set[str]:
     with sqlite3.connect(path) as conn:
         return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -208,6 +200,7 @@ def optuna_trials(db_url: str, name: str) -> list:
     return optuna.load_study(study_name=name, storage=open_storage(db_url)).get_trials(deepcopy=False)
 
 
+@pytest.mark.e2e
 def test_a_search_runs_each_configuration_once_per_seed_and_continues_to_n_trials(ray_session, tmp_path, monkeypatch):
     ws = Workspace.resolve(tmp_path)
     monkeypatch.setenv("STUDYRUNNER_INJECT_FAULT", "tuned-*-s1")  # every seed 1 fails (a code error)
@@ -266,6 +259,7 @@ def test_a_search_runs_each_configuration_once_per_seed_and_continues_to_n_trial
     assert analyze(data).to_dict()["search_best"][0]["cell_hash"] == best.cell_hash
 
 
+@pytest.mark.e2e
 def test_the_ledger_and_optuna_are_reconciled_after_a_driver_died_between_their_writes(ray_session, tmp_path):
     from optuna.distributions import FloatDistribution, IntDistribution
     from sqlalchemy import create_engine, text
@@ -304,6 +298,7 @@ def test_the_ledger_and_optuna_are_reconciled_after_a_driver_died_between_their_
     assert [(t.params, t.value) for t in rebuilt[:2]] == [(t.params, t.value) for t in told] and len(rebuilt) == 3
 
 
+@pytest.mark.e2e
 def test_a_configuration_no_seed_finishes_is_failed_in_optuna(ray_session, tmp_path, monkeypatch):
     ws = Workspace.resolve(tmp_path)
     monkeypatch.setenv("STUDYRUNNER_INJECT_FAULT", "broken-*")
@@ -313,6 +308,7 @@ def test_a_configuration_no_seed_finishes_is_failed_in_optuna(ray_session, tmp_p
     assert {t.state for t in optuna_trials(ws.db_url, "broken")} == {optuna.trial.TrialState.FAIL}
 
 
+@pytest.mark.e2e
 def test_a_repeated_suggestion_is_told_from_the_ledger_without_running_again(ray_session, tmp_path):
     text = search_text("repeats", n_trials=4, sampler="random", seeds="[0]")
     text = text.replace("{loguniform: [1.0e-4, 1.0e-2]}", "{choice: [1.0e-3, 2.0e-3]}").replace(
@@ -331,9 +327,10 @@ def test_a_repeated_suggestion_is_told_from_the_ledger_without_running_again(ray
     assert all(Ledger(ws.db_url).trials("repeats")[i].attempts == 1 for i in range(2))
 
 
+@pytest.mark.e2e
 def test_a_search_runs_from_one_submit_at_a_time(tmp_path):
     """A submit finding the search held by a live submit says so in one line, runs nothing and writes nothing
-    of the search (issue 21, item 3; tests/test_search_race.py races two real submits)."""
+    of the search (tests/test_search_race.py races two real submits)."""
     from io import StringIO
 
     from rich.console import Console
@@ -354,9 +351,11 @@ def test_a_search_runs_from_one_submit_at_a_time(tmp_path):
     assert [s.ended_at is not None for s in ledger._open_submissions("alone")] == [False]  # the loser's ended
 
 
+@pytest.mark.e2e
 def test_a_space_optuna_cannot_continue_is_refused_before_anything_is_written(ray_session, tmp_path):
-    """Issue 21, item 4: `{int}` changed to `{choice}` failed half way through asking Optuna, leaving a trial
-    with only `train.lr` that the next submit ran with `loops` at its base value."""
+    """A space edit Optuna cannot continue (`{int}` changed to `{choice}`) is refused before anything is written:
+    failing half way through asking Optuna would leave a trial with only `train.lr`, which the next submit would
+    run with `loops` at its base value."""
     from studyrunner.errors import StudyrunnerError
 
     ws = Workspace.resolve(tmp_path)
@@ -388,9 +387,10 @@ def test_a_space_optuna_cannot_continue_is_refused_before_anything_is_written(ra
     assert all(set(t.params) == {"train.lr", "model.params.loops"} for t in told)
 
 
+@pytest.mark.e2e
 def test_a_suggestion_optuna_began_without_every_value_is_failed_and_never_run(ray_session, tmp_path):
-    """What the failed submit of issue 21 (item 4) left behind: Optuna trial #2 running with `train.lr` only. The
-    next submit must not run it with `loops` at its base value: it is told FAIL, recorded `abandoned`, and not
+    """What a submit that failed half way through asking Optuna leaves behind: trial #2 running with `train.lr`
+    only. The next submit must not run it with `loops` at its base value: it is told FAIL, recorded `abandoned`, and not
     counted in n_trials."""
     from optuna.distributions import FloatDistribution
 
@@ -420,6 +420,7 @@ def test_a_suggestion_optuna_began_without_every_value_is_failed_and_never_run(r
     assert submit(more, ws, show_progress=False).ran == 0  # the search is finished: 3 configurations
 
 
+@pytest.mark.e2e
 def test_a_suggestion_that_fails_half_way_is_told_failed_and_the_next_submit_continues(
     ray_session, tmp_path, monkeypatch
 ):
@@ -451,10 +452,11 @@ def test_a_suggestion_that_fails_half_way_is_told_failed_and_the_next_submit_con
     assert [p.state for p in ledger.search_points("midask")] == ["abandoned", "complete", "complete"]
 
 
+@pytest.mark.e2e
 def test_a_searchs_values_follow_reruns_and_added_seeds(ray_session, tmp_path, monkeypatch):
-    """Issue 21, item 8: after `rerun --failed` turned a search's failed configurations into successes,
-    `analyze` still gave no best and the history said failed; an added seed left the 1-seed means. Optuna
-    trials cannot change once told: the values come from the ledger's trials, what Optuna was told beside them."""
+    """After `rerun --failed` turns a search's failed configurations into successes, `analyze` gives a best and
+    the history says complete; an added seed moves the values to the means over both seeds. Optuna trials cannot
+    change once told: the values come from the ledger's trials, what Optuna was told beside them."""
     from io import StringIO
 
     from rich.console import Console
@@ -492,6 +494,7 @@ def test_a_searchs_values_follow_reruns_and_added_seeds(ray_session, tmp_path, m
     assert f"best eval_accuracy {best['value']:.4g} over 2 seeds (#{best['number']}" in console.getvalue()
 
 
+@pytest.mark.e2e
 def test_values_that_do_not_fit_together_are_failed_without_a_trial(ray_session, tmp_path):
     text = search_text("misfit", n_trials=2, sampler="random", seeds="[0]")
     text = text.replace("    train.lr: {loguniform: [1.0e-4, 1.0e-2]}\n    model.params.loops: {int: [1, 3]}\n", "")
@@ -504,6 +507,7 @@ def test_values_that_do_not_fit_together_are_failed_without_a_trial(ray_session,
     assert {t.state for t in optuna_trials(ws.db_url, "misfit")} == {optuna.trial.TrialState.FAIL}
 
 
+@pytest.mark.e2e
 def test_a_grid_with_a_search_runs_one_search_per_grid_cell(ray_session, tmp_path):
     ws = Workspace.resolve(tmp_path)
     compiled = compile_study(loads(search_text("perdepth", n_trials=2, grid=True, seeds="[0]")))
@@ -521,6 +525,7 @@ def test_a_grid_with_a_search_runs_one_search_per_grid_cell(ray_session, tmp_pat
         assert len(optuna_trials(ws.db_url, name)) == 2
 
 
+@pytest.mark.e2e
 def test_a_search_on_postgresql_keeps_optuna_in_its_own_schema(ray_session, tmp_path, postgres_url):  # noqa: F811
     from sqlalchemy import create_engine, inspect
 
@@ -559,6 +564,7 @@ def statuses(db: Path) -> tuple[dict[str, str], list[str]]:
         return {}, []
 
 
+@pytest.mark.e2e
 @pytest.mark.faults
 def test_a_search_whose_driver_is_killed_continues_without_running_finished_configurations(tmp_path):
     study = tmp_path / "crashy.yaml"

@@ -1,4 +1,4 @@
-"""Two submits of one new search started at the same moment (issue 21, item 3): exactly one runs it, on an SQLite
+"""Two submits of one new search started at the same moment: exactly one runs it, on an SQLite
 and a PostgreSQL ledger. Real processes, each with its own Ray, real Optuna storage, tiny models.
 
 Both processes import everything first and then wait at a barrier (a file the test creates), so they reach the
@@ -19,9 +19,11 @@ import pytest
 from test_ledger import postgres_url  # noqa: F401 - the throwaway PostgreSQL server fixture
 from test_search import optuna_trials, search_text
 
-from studyrunner.orchestrate.tracking import Tracker
 from studyrunner.store import Ledger
+from studyrunner.tracking.tracker import Tracker
 from studyrunner.workspace import Workspace
+
+pytestmark = pytest.mark.e2e
 
 ROUNDS = int(os.environ.get("STUDYRUNNER_RACE_ROUNDS", "2"))
 N_TRIALS = 3
@@ -30,7 +32,7 @@ AT_THE_BARRIER = """\
 import os, sys, time
 from pathlib import Path
 import ray, optuna, mlflow, ray.tune.search.optuna  # noqa: F401 - imported before the barrier
-import studyrunner.orchestrate.runner, studyrunner.orchestrate.search  # noqa: F401
+import studyrunner.orchestrate.commands.runner, studyrunner.orchestrate.feeds.search  # noqa: F401
 from studyrunner.cli import app
 go = Path(sys.argv[1])
 Path(f"{go}.{os.getpid()}.ready").touch()

@@ -1,4 +1,4 @@
-"""A password in a URL is never printed or stored (issue 21, item 2).
+"""A password in a URL is never printed or stored.
 
 A real PostgreSQL server on 127.0.0.1 that asks for a password holds the ledger and the MLflow store; a study
 is submitted, analysed, reported and served with `ui`, and wrong passwords and a missing database are tried.
@@ -77,6 +77,7 @@ def files_holding(root: Path, secret: str) -> list[str]:
     return [str(p) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
 
 
+@pytest.mark.e2e
 def test_a_password_in_a_url_is_never_printed_or_stored(pg, tmp_path):
     db, tracking = f"{pg['base']}/ledger", f"{pg['base']}/mlflow"
     study = tmp_path / "tiny.yaml"

@@ -1,10 +1,11 @@
-"""Sequential seeds (issue 22), without Ray: the study file's `seeds: {start, max}`, the group-sequential arithmetic
+"""Sequential seeds, without Ray: the study file's `seeds: {start, max}`, the group-sequential arithmetic
 (spending functions, boundaries, repeated p-values) against published values and scipy's multivariate normal, and
 the looks `take_look` takes on synthetic studies."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -118,7 +119,7 @@ def test_the_repeated_p_value_is_below_alpha_exactly_when_the_look_crosses():
 def frame(values: dict[str, list[float]]) -> pd.DataFrame:
     """A trials frame of cells loops=1 and loops=2 with the given eval_accuracy per seed, and the same values as
     `score`, a metric of no known range (its claims against a number are the t-test's alone, without the
-    distribution-free gate an accuracy gets: analysis/bounded.py)."""
+    distribution-free gate an accuracy gets: analysis/claims/bounded.py)."""
     rows = []
     for cell, ys in values.items():
         loops = int(cell[-1])
@@ -148,7 +149,7 @@ ONE = [0.336, 0.422, 0.266, 0.352, 0.477]  # eval_accuracy of seeds 0-4 of a tin
 TWO = [0.320, 0.344, 0.242, 0.430, 0.398]
 # Two pairwise claims on four cells whose per-seed differences are TWO − 0.2 and ONE − 5: their paired t-tests are
 # the one-sample t-tests of TWO against 0.2 and of ONE against 5 (a metric of no known range against a number is no
-# longer decided by a t-test: claims_location.no_range), on cells of their own.
+# longer decided by a t-test: claims.location.no_range), on cells of their own.
 FOUR = {
     "c1": ONE,
     "c2": [o + t - 0.2 for o, t in zip(ONE, TWO, strict=True)],
@@ -179,7 +180,7 @@ def test_a_look_decides_at_its_nominal_level_and_adds_seeds_only_to_the_undecide
     a = looks[2].claims[0]
     assert a.state == "supported" and a.decided_at == 3 and a.fraction == pytest.approx(4 / 5)
     assert a.p_claimed < a.nominal < sequential.ALPHA
-    assert looks[2].claims[1] == sequential.replace(b, analysed=False)  # decided: carried as it was
+    assert looks[2].claims[1] == replace(b, analysed=False)  # decided: carried as it was
     assert looks[2].final and looks[2].next_seeds == looks[2].seeds == {"c1": 4, "c2": 4, "c3": 3, "c4": 3}
 
 

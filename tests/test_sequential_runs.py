@@ -1,4 +1,4 @@
-"""Sequential studies (`seeds: {start, max}`, issue 22) on a real Ray, MLflow and SQLite ledger with tiny models:
+"""Sequential studies (`seeds: {start, max}`) on a real Ray, MLflow and SQLite ledger with tiny models:
 waves until the claims are decided, in one Tune run; looks in the ledger and MLflow; a second submit runs nothing;
 a failed trial blocks the look until `rerun --failed`; a driver killed with SIGKILL mid-wave, or between a look and
 its wave, and resumed ends with exactly the trials and looks of an uninterrupted run."""
@@ -21,10 +21,12 @@ from rich.console import Console
 from studyrunner.analysis import data as analysis_data
 from studyrunner.analysis import sequential
 from studyrunner.errors import StudyrunnerError
-from studyrunner.orchestrate import RerunSelection, RunOptions, ensure_ray, rerun, resume, submit
+from studyrunner.orchestrate import RerunSelection, RunOptions, rerun, resume, submit
 from studyrunner.store import Ledger
 from studyrunner.study import compile_study, loads
 from studyrunner.workspace import Workspace
+
+pytestmark = pytest.mark.e2e
 
 EXE = [sys.executable, "-m", "studyrunner.cli"]
 # Seeds 0-3 of the two cells reach eval_accuracy 0.336 0.422 0.266 0.352 (loops=1) and 0.320 0.344 0.242 0.430
@@ -60,15 +62,6 @@ def looks_of(ledger: Ledger, study: str) -> list[tuple]:
 
 def outcomes(ledger: Ledger, study: str) -> dict[str, tuple]:
     return {r.trial_key: (r.status, (r.metrics or {}).get("eval_accuracy")) for r in ledger.trials(study)}
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ensure_ray(num_cpus=2)
-    yield
-    ray.shutdown()
 
 
 def test_a_sequential_study_runs_waves_until_its_claims_are_decided_and_then_runs_nothing(ray_session, tmp_path):

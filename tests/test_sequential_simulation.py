@@ -1,4 +1,4 @@
-"""Issue 22: repeated looks do not inflate false positives, by simulation (benchmarks/sequential.py).
+"""Repeated looks do not inflate false positives, by simulation (benchmarks/sequential.py).
 
 Synthetic studies, no training, deterministic (the simulations' RNG is seeded per design and shape), driving
 `analysis.sequential.run_sequential`: the `take_look` the runner calls after each wave. Designs of 2-5 cells with
@@ -13,6 +13,8 @@ import math
 import pytest
 
 from benchmarks import sequential as sim
+
+pytestmark = pytest.mark.e2e
 
 SIMS = 50  # per design and shape; pooled over the four designs per shape
 DESIGNS = {

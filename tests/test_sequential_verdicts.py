@@ -1,4 +1,4 @@
-"""The audit's statistics items ("Verdicts a reviewer would accept", item 4): a futility stop reads as inconclusive,
+"""Sequential verdicts a reviewer can accept: a futility stop reads as inconclusive,
 never a tie; no futility stop before 4 seeds; the graphical group-sequential Holm design (`multiplicity: holm`); the
 information of a side pooling several cells; the bimodality switch from 5 seeds; repeated confidence intervals
 labelled as such. Each test fails on the code before the fix. Level and power by simulation: benchmarks/futility.py,
@@ -15,10 +15,10 @@ import pytest
 from typer.testing import CliRunner
 
 from studyrunner.analysis import claims, sequential
-from studyrunner.analysis.claims_evidence import BIMODAL_FROM
+from studyrunner.analysis.claims.evidence import BIMODAL_FROM
 from studyrunner.analysis.data import StudyData, annotate
-from studyrunner.analysis.looks import claim_row
 from studyrunner.analysis.present import verdicts_table
+from studyrunner.analysis.sequential import claim_row
 from studyrunner.cli import app
 from studyrunner.study.claim_entries import ClaimEntry
 
@@ -114,7 +114,7 @@ def test_no_claim_is_stopped_for_futility_before_four_seeds_per_side():
 
 
 def test_a_side_pooling_several_cells_has_the_information_of_its_seeds_not_its_trials():
-    """The audit: n / (cells x max) made a pooled side's fraction 7/16 at 7 of 8 seeds (nominal 0.002)."""
+    """Counting trials, n / (cells x max), would make a pooled side's fraction 7/16 at 7 of 8 seeds (nominal 0.002)."""
     rng = np.random.default_rng(0)
     cells = {f"c{i}": list(0.5 + rng.normal(0, 0.05, 8)) for i in range(3)}
     groups = {"c0": 0, "c1": 0, "c2": 1}  # the rhs pools two cells
@@ -239,7 +239,7 @@ def test_holm_re_tests_the_others_at_the_same_look_when_one_is_decided():
 def test_multiplicity_is_fixed_by_the_first_look():
     from conftest import TINY_STUDY
 
-    from studyrunner.analysis.looks import changed_claim_fields, claim_entries
+    from studyrunner.analysis.sequential import changed_claim_fields, claim_entries
     from studyrunner.study import loads
 
     claims_ = 'claims: ["eval_accuracy[loops=2] > 0.2"]\n'

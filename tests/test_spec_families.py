@@ -1,5 +1,5 @@
 """Study files for LoopLM and MELT: a grid over model.family, `include:` cells, the new train knobs and
-what `validate` rejects about them (issue 15, items 3, 4, 8)."""
+what `validate` rejects about them."""
 
 import pytest
 
@@ -130,8 +130,8 @@ def test_a_zip_row_at_fault_names_the_field():
 
 
 def test_a_melt_chunk_longer_than_the_sequence_is_the_fully_parallel_cell():
-    """Issue 21, item 10d: `chunk_size` past the sequence length made a second cell that trains exactly as the
-    fully parallel one does. It is clipped to the task's sequence length (mqar here: 11 tokens) when compiled."""
+    """`chunk_size` past the sequence length would make a second cell that trains exactly as the fully parallel
+    one does. It is clipped to the task's sequence length (mqar here: 11 tokens) when compiled."""
     import torch
 
     from studyrunner.models import build_model

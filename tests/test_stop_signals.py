@@ -19,7 +19,7 @@ from test_faults import study_text, wait_for
 
 from studyrunner.store import Ledger
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 EXE = [sys.executable, "-m", "studyrunner.cli"]
 GRACE_S = 5

@@ -1,4 +1,4 @@
-"""How a submit ends when stopped from outside (issue 21 items 5 and 7), with real processes: SIGTERM ends it as
+"""How a submit ends when stopped from outside, with real processes: SIGTERM ends it as
 Ctrl-C does (exit 130, the resume line, its Ray stopped), and its PostgreSQL ledger going away mid-study ends
 it with exit 1 and the resume command (password masked), after which `resume` finishes the study."""
 
@@ -22,7 +22,7 @@ from test_ledger import _pg_bin
 from studyrunner.store import Ledger
 from studyrunner.store.db import SubmissionRow
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 
 def session_dirs(ledger: Ledger, study: str) -> list[str]:

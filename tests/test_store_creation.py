@@ -1,4 +1,4 @@
-"""Making the stores of a brand-new workspace (issue 21, item 6): commands started together, and commands killed
+"""Making the stores of a brand-new workspace: commands started together, and commands killed
 half way, never leave a half-made store; one left by an older studyrunner is named with how to mend it.
 
 Real processes: each opens the stores as `submit` does, released at one moment so their creations overlap."""
@@ -34,7 +34,7 @@ OPENER = textwrap.dedent(
     from pathlib import Path
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401 - imported before the start
     from studyrunner.errors import StudyrunnerError
-    from studyrunner.orchestrate.runner import _open_stores
+    from studyrunner.orchestrate.commands.preflight import open_stores
     from studyrunner.workspace import Workspace
 
     workspace, start = Workspace.resolve(sys.argv[1]), Path(sys.argv[2])
@@ -42,7 +42,7 @@ OPENER = textwrap.dedent(
     while not start.exists():
         time.sleep(0.005)
     try:
-        _open_stores(workspace)
+        open_stores(workspace)
     except StudyrunnerError as exc:
         sys.exit(f"error: {exc}")
     """
@@ -74,6 +74,7 @@ def sqlite_tables(path: Path) -> set[str]:
         return {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
+@pytest.mark.e2e
 def test_commands_started_together_in_a_new_workspace_all_open_it(tmp_path):
     """Three submits into one new workspace, three rounds: each used to fail 3 rounds in 4 (`table
     _alembic_tmp_experiments already exists`), bricking the workspace for every later command."""
@@ -99,6 +100,7 @@ for _ in range({runs}):
     subprocess.run([sys.executable, "-c", make], env=ENV, check=True, capture_output=True)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("runs", [0, 1])
 def test_a_half_made_mlflow_store_is_named_with_how_to_mend_it(tmp_path, write_study, runs):
     """What a command stopped half way through MLflow's migrations leaves (and what racing submits left): a
@@ -129,7 +131,7 @@ MLFLOW_MAKER = textwrap.dedent(
     import sys
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401 - imported before "go"
     from studyrunner.errors import StudyrunnerError
-    from studyrunner.orchestrate.tracking import Tracker
+    from studyrunner.tracking.tracker import Tracker
 
     print("go", flush=True)
     try:
@@ -140,6 +142,7 @@ MLFLOW_MAKER = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_an_mlflow_store_killed_while_being_made_is_finished_or_named_with_how_to_mend_it(tmp_path):
     """kill -9 at some moment of MLflow's migrations: the next command opens the store (MLflow continues its
     migrations), or says it is half-made and to delete it; after that, the next one makes it anew."""
@@ -191,6 +194,7 @@ LEDGER_WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("what", ["new", "old"])
 def test_a_ledger_killed_while_being_made_or_upgraded_is_left_whole(tmp_path, what):
     """kill -9 at any moment of a ledger's creation (or upgrade) leaves it as it was or as it would be, never

@@ -441,6 +441,7 @@ def test_default_pools_hold_100k_training_puzzles():
     assert search.pool * orbit_9 > 100_000
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_the_default_6x6_pool_has_100k_distinct_puzzles_from_distinct_grids(monkeypatch):
     monkeypatch.setattr(sudoku, "CHUNK", 1024)

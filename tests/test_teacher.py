@@ -13,13 +13,15 @@ from typer.testing import CliRunner
 
 from studyrunner.cli import app
 from studyrunner.errors import StudyrunnerError
-from studyrunner.orchestrate import ensure_ray, submit
+from studyrunner.orchestrate import submit
 from studyrunner.orchestrate.teachers import resolve_teachers
 from studyrunner.store import Ledger
 from studyrunner.study import compile_study, loads
 from studyrunner.train.checkpoint import final_weights
 from studyrunner.train.trainer import build_trial
 from studyrunner.workspace import Workspace
+
+pytestmark = pytest.mark.e2e
 
 TASK = "task: {name: mqar, params: {pairs: 4, queries: 2, keys: 16, values: 16}}\n"
 COMMON = (
@@ -44,15 +46,6 @@ def student(key: str, name: str = "student", **params) -> str:
         + f"teacher: {key}, interpolate_steps: 3{extra}}}}}\n"
         + "seeds: [0]\n"
     )
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ensure_ray(num_cpus=2)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +115,7 @@ def test_teachers_that_cannot_teach_fail_at_submit_in_one_line(trained, tmp_path
 
 
 def test_a_teacher_left_running_by_a_killed_submit_is_called_stale_with_the_resume_command(tmp_path):
-    """Its submit was killed mid-trial: the teacher is stale, not "running" (issue 21), and `resume` finishes it."""
+    """Its submit was killed mid-trial: the teacher is stale, not "running", and `resume` finishes it."""
     ws = Workspace.resolve(tmp_path)
     ledger = Ledger(ws.db_url)
     teacher = compile_study(loads(TEACHER))

@@ -1,4 +1,4 @@
-"""The trainer's side of issue 6: weighted aux terms and their schedules, family-blind diagnostics,
+"""The trainer's side of the families' mechanisms: weighted aux terms and their schedules, family-blind diagnostics,
 test-time depth, halt_collapsed, and the validate-time check of train/eval knobs."""
 
 import pytest
@@ -7,6 +7,7 @@ from studyrunner.errors import SpecError
 from studyrunner.models.output import AUX_TERMS
 from studyrunner.study import compile_study, loads
 from studyrunner.train import MemoryReporter, run_trial
+from studyrunner.train.config import TrainConfig
 from studyrunner.train.schedules import aux_weights, linear_warmup
 
 STUDY = """\
@@ -34,14 +35,15 @@ def test_linear_warmup_rises_from_zero():
 
 
 def test_every_aux_term_has_a_schedule_and_unknown_terms_fail_loudly():
-    train = {"ponder_lambda": 0.1, "ponder_lambda_warmup_steps": 10, "regulariser_lambda": 2.0}
+    train = TrainConfig(steps=20, ponder_lambda=0.1, ponder_lambda_warmup_steps=10, regulariser_lambda=2.0)
+    unset = TrainConfig(steps=20)
     assert aux_weights(5, train, ["ponder", "regulariser"]) == {"ponder": 0.05, "regulariser": 2.0}
-    assert aux_weights(5, {}, ["ponder", "regulariser"]) == {"ponder": 0.0, "regulariser": 0.0}  # unset = 0
-    assert aux_weights(5, {}, ["shortcut", "consistency"]) == {"shortcut": 0.1, "consistency": 0.1}  # LoopFormer's
-    assert aux_weights(5, {}, ["exit_kl_uniform", "distill", "attn_align"]) == dict.fromkeys(
+    assert aux_weights(5, unset, ["ponder", "regulariser"]) == {"ponder": 0.0, "regulariser": 0.0}  # unset = 0
+    assert aux_weights(5, unset, ["shortcut", "consistency"]) == {"shortcut": 0.1, "consistency": 0.1}  # LoopFormer's
+    assert aux_weights(5, unset, ["exit_kl_uniform", "distill", "attn_align"]) == dict.fromkeys(
         ["exit_kl_uniform", "distill", "attn_align"], 0.0
     )
-    assert set(aux_weights(0, {}, AUX_TERMS)) == set(AUX_TERMS)
+    assert set(aux_weights(0, unset, AUX_TERMS)) == set(AUX_TERMS)
     with pytest.raises(KeyError, match="telepathy"):
         aux_weights(0, train, ["telepathy"])
 
@@ -152,6 +154,6 @@ metric: {name: eval_accuracy, mode: max}
 
 
 def test_cells_that_use_no_new_knob_keep_their_hashes():
-    # The quickstart's hashes before issue 6: new train/eval/model knobs are left out while unset.
+    # The quickstart's recorded hashes: train/eval/model knobs are left out of a cell's hash while unset.
     hashes = [c.cell_hash for c in compile_study(loads(QUICKSTART)).cells]
     assert hashes == ["b0798ba908c7", "ef712b8ca8ea", "d7173e55d97a"]

@@ -1,4 +1,4 @@
-"""Budgets, trajectories and representation diagnostics through the trainer (issue 15, items 2, 7, 9):
+"""Budgets, trajectories and representation diagnostics through the trainer:
 eval.loops and eval.budgets are one mechanism, enumerate_all logs every grid trajectory and their spread,
 LoopFormer's objective terms are weighted like any aux term, every family's loop steps are diagnosed on a
 probe batch, and bad settings are refused at validate naming the field."""

@@ -1,4 +1,4 @@
-"""The decoding evaluation, memory accounting and the expected loss over exits (issue 15, items 3, 5, 6);
+"""The decoding evaluation, memory accounting and the expected loss over exits;
 the mqar and charlm tasks."""
 
 import math
@@ -172,8 +172,8 @@ PHOP = {"name": "phop", "params": {"alphabet": 4, "seq_len": 12, "hops": 1}}
     [("looped", {"loops": 3, "prefix_layers": 1}), ("looplm", {"loops": 3}), ("melt", {"loops": 3, "chunk_size": 2})],
 )
 def test_a_task_without_decoding_reports_the_kv_bytes_a_decoding_task_measures(family, params):
-    """Issue 21, item 10e: a family with a KV cache reported no KV figure on p-hop (no decoding evaluation). It
-    reports the analytic bytes per token, which equal what decoding the same model's shape measures."""
+    """A family with a KV cache reports a KV figure on p-hop too, where no decoding evaluation runs: the analytic
+    bytes per token, which equal what decoding the same model's shape measures."""
     train = {"exit_entropy_beta": 0.05} if family == "looplm" else None
     on_phop = run_trial(config(family, task=PHOP, train=train, **params), seed=0)
     decoded = run_trial(config(family, train=train, **params), seed=0)  # mqar decodes: the cache is measured

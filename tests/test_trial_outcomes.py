@@ -1,4 +1,4 @@
-"""How a trial attempt ends (issue 8): succeeded, diverged or error, each with one final report;
+"""How a trial attempt ends: succeeded, diverged or error, each with one final report;
 infrastructure failures propagate for Tune to retry; heartbeats, notes, provenance, default checkpoints.
 
 The trainable's logic is `run_attempt(payload, report)`, called here in-process with `report` a list's
@@ -12,8 +12,8 @@ import pytest
 from conftest import TINY_STUDY
 
 from studyrunner.errors import SpecError
-from studyrunner.orchestrate import attempt as mod
-from studyrunner.orchestrate.attempt import KILL_MARKER, TuneReporter, run_attempt
+from studyrunner.orchestrate.cluster import attempt as mod
+from studyrunner.orchestrate.cluster.attempt import KILL_MARKER, TuneReporter, run_attempt
 from studyrunner.provenance import provenance
 from studyrunner.study import compile_study, loads
 from studyrunner.train import Diverged, MemoryReporter, run_trial
@@ -30,7 +30,7 @@ PROVENANCE_KEYS = {
     "python_version",
     "host",
 }
-# An attempt's first report adds the worker process (orchestrate/warm_workers.process_facts).
+# An attempt's first report adds the worker process (orchestrate/cluster/warm_workers.process_facts).
 ATTEMPT_PROVENANCE_KEYS = PROVENANCE_KEYS | {"pid", "process_started_at", "process_age_s"}
 
 
@@ -299,6 +299,7 @@ def test_provenance_without_git_is_unknown(monkeypatch):
     assert prov._version("surely-not-installed-package") == "absent"
 
 
+@pytest.mark.e2e
 def test_provenance_imports_nothing_of_the_platform():
     code = (
         "import sys, studyrunner.provenance as p; p.provenance(); "

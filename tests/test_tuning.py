@@ -104,17 +104,7 @@ def test_a_tune_section_that_cannot_work_is_refused_in_one_line(own_task, tmp_pa
     assert result.exit_code == 2 and says in result.output, result.output
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    from studyrunner.orchestrate import ensure_ray
-
-    ensure_ray(num_cpus=2)
-    yield
-    ray.shutdown()
-
-
+@pytest.mark.e2e
 def test_a_tuned_study_runs_its_tuning_first_and_every_later_command_reads_the_same_choice(ray_session, tmp_path):
     from studyrunner.orchestrate import RunOptions, resume, submit
 

@@ -1,4 +1,4 @@
-"""Threats to a claim's validity (analysis/validity.py): each raised where the data show it and not where they
+"""Threats to a claim's validity (analysis/claims/validity.py): each raised where the data show it and not where they
 do not, on synthetic ledgers (a real study registered, outcomes and curves written directly; no training)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from studyrunner.analysis import claims as analysis_claims
 from studyrunner.analysis import data as analysis_data
-from studyrunner.analysis import validity
+from studyrunner.analysis.claims import validity
 from studyrunner.cli import app
 from studyrunner.tasks import build_task
 

@@ -1,4 +1,4 @@
-"""`verify --format json` gives every claim of every shipped study its `validity` list (issue 32's "done when"):
+"""`verify --format json` gives every claim of every shipped study its `validity` list:
 each study file compiled and registered in a real SQLite ledger, its first seeds finished with made-up outcomes
 for every metric its claims, failure rule and study metric name (no training: what is checked is that each claim
 is assessed, on the study's own cells, tasks and selectors, not what the threats are)."""
@@ -17,6 +17,8 @@ from studyrunner.cli import app
 from studyrunner.store import Ledger
 from studyrunner.study import load_and_compile
 from studyrunner.study.claims_grammar import Number, parse_claim, parse_rule
+
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = [

@@ -1,4 +1,4 @@
-"""Seeds trained together (`train.vectorize_seeds`, issue 9 item 3): each seed's records and final
+"""Seeds trained together (`train.vectorize_seeds`): each seed's records and final
 metrics equal its separate `run_trial` run up to float rounding; what cannot be batched is refused.
 
 Tolerance. The batched step sums in another order than a separate run's kernels (batched matmuls, and

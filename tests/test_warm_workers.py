@@ -1,5 +1,5 @@
-"""Warm trial workers (orchestrate/warm_workers.py): the embedded Ray's idle workers import the trainer as they
-start, and Tune's trial actors land on them instead of on new, cold processes (issue 22, item 5)."""
+"""Warm trial workers (orchestrate/cluster/warm_workers.py): the embedded Ray's idle workers import the trainer as they
+start, and Tune's trial actors land on them instead of on new, cold processes."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from test_faults import wait_for
 
 from studyrunner.errors import StudyrunnerError
 from studyrunner.orchestrate import ensure_ray, submit
-from studyrunner.orchestrate.ray_runtime import ray_session_dir
+from studyrunner.orchestrate.cluster.ray_runtime import ray_session_dir
+from studyrunner.orchestrate.cluster.warm_workers import system_config, tune_actors_on_warm_workers
 from studyrunner.orchestrate.submission import _processes_of
-from studyrunner.orchestrate.warm_workers import system_config, tune_actors_on_warm_workers
 from studyrunner.store import Ledger
 from studyrunner.study import compile_study, loads
 from studyrunner.workspace import Workspace
@@ -44,6 +44,7 @@ def idle_workers_holding_torch(session_dir: str) -> set[int]:
     return found
 
 
+@pytest.mark.e2e
 def test_trials_run_on_idle_workers_that_loaded_the_trainer_before_the_study(fresh_ray, tmp_path):
     warm = wait_for(lambda: idle_workers_holding_torch(fresh_ray), timeout=120, what="a warm idle worker")
     ws = Workspace.resolve(tmp_path)
@@ -84,7 +85,7 @@ def test_tune_actor_classes_leave_out_the_lightning_variable_only_while_inside()
 def test_the_switch_turns_both_off(monkeypatch):
     from ray.tune.execution import class_cache
 
-    assert system_config()["preload_python_modules"] == ["studyrunner.orchestrate.trainable", "torch._dynamo"]
+    assert system_config()["preload_python_modules"] == ["studyrunner.orchestrate.cluster.trainable", "torch._dynamo"]
     monkeypatch.setenv("STUDYRUNNER_WARM_WORKERS", "0")
     assert system_config() == {}
     with tune_actors_on_warm_workers():

@@ -49,8 +49,8 @@ _EXPORTS = {
     "analyze": "summary",
     "Analysis": "summary",
     "write_report": "report",
-    "runs_url": "mlflow_ui",
-    "run_url": "mlflow_ui",
+    "runs_url": "studyrunner.tracking.ui_links",  # an absolute module: MLflow links live in tracking/
+    "run_url": "studyrunner.tracking.ui_links",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -58,5 +58,7 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str):
     if name in _EXPORTS:
-        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        where = _EXPORTS[name]
+        module = where if where.startswith("studyrunner.") else f".{where}"
+        return getattr(importlib.import_module(module, __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

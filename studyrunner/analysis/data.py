@@ -21,15 +21,14 @@ import pandas as pd
 
 from ..errors import SpecError, StudyrunnerError
 from ..store import CurveStore, Ledger
+from ..store.status import FINISHED, UNSUCCESSFUL, TrialStatus
 from ..study.claims_grammar import GrammarError, Rule, parse_rule, selector_column, values_equal
 from ..study.levels import metric_levels
 from ..study.schema import ClaimEntry
 from ..tasks.levels import MetricLevels
 from ..urls import mask_url
-from .search import search_frame
+from .search_history import search_frame
 
-DONE = ("succeeded", "failed", "diverged")
-FAILED_STATUSES = ("failed", "diverged")
 # Test-time depth columns: `{metric}_loops_{n}` (eval.loops) and `{metric}_budget_{n}` (eval.budgets), one mechanism.
 _LOOPS_COLUMN = re.compile(r"^(?P<metric>.+)_(?:loops|budget)_(?P<n>\d+)$")
 
@@ -52,14 +51,14 @@ class StudyData:
     warnings: list[str] = field(default_factory=list)  # e.g. a cell whose seeds ran different code
     # Told of what the analysis leaves out as it goes (an unreadable curve); default: a Python warning.
     on_warning: Callable[[str], None] | None = None
-    # A search study's suggestions in order (analysis/search.py); empty for a grid study.
+    # A search study's suggestions in order (analysis/search_history.py); empty for a grid study.
     search: pd.DataFrame = field(default_factory=pd.DataFrame)
     # The study file's `analysis:` options (solve_threshold, logistic_top); empty when it has none.
     analysis: dict[str, Any] = field(default_factory=dict)
     # Why the study file stored in the ledger could not be read (then claims, rule and metric are unknown).
     spec_error: str = ""
     # A sequential study (`seeds: {start, max}`): its design, and the looks the ledger records, each a dict of the
-    # look's row with its claims' rows under "claims" (analysis/sequential.py reads them); None / [] otherwise.
+    # look's row with its claims' rows under "claims" (analysis/sequential/ reads them); None / [] otherwise.
     sequential: dict[str, Any] | None = None
     looks: list[dict[str, Any]] = field(default_factory=list)
     # {cell_hash: the cell's resolved config} (the ledger's cells; from_frame: rebuilt from the config columns)
@@ -83,7 +82,7 @@ class StudyData:
     @property
     def done(self) -> pd.DataFrame:
         """Finished trials (succeeded, failed or diverged): the seeds statistics are over."""
-        return self.trials[self.trials.status.isin(DONE)]
+        return self.trials[self.trials.status.isin(FINISHED)]
 
     @property
     def config_columns(self) -> list[str]:
@@ -173,9 +172,9 @@ def annotate(trials: pd.DataFrame, rule: Rule | None) -> pd.DataFrame:
     metric_cols = [c for c in trials.columns if "." not in c]
 
     def failed(row: pd.Series) -> bool:
-        if row.status in FAILED_STATUSES:
+        if row.status in UNSUCCESSFUL:
             return True
-        if row.status != "succeeded" or rule is None:
+        if row.status != TrialStatus.SUCCEEDED or rule is None:
             return False
         metrics = {c: row[c] for c in metric_cols if not _missing(row[c])}
         return rule(metrics)
@@ -234,14 +233,14 @@ def load(
     sequential_study = getattr(spec, "sequential", None) is not None
     # a search's trials: those suggested so far; a sequential study's: the waves registered so far
     if compiled is not None and compiled.study.search is None and not sequential_study:
-        finished = set(trials.loc[trials.status.isin(DONE), "trial_key"])
+        finished = set(trials.loc[trials.status.isin(FINISHED), "trial_key"])
         wanted = {t.trial_key for t in compiled.trials}
         missing = len(wanted - finished)
         order = [c.cell_hash for c in compiled.cells]
         # a study file may have fewer trials than the ledger holds (cells or seeds dropped): analyse its own
         trials = trials[trials.trial_key.isin(wanted)] if path.is_file() else trials
     else:
-        missing = int((~trials.status.isin(DONE)).sum())
+        missing = int((~trials.status.isin(FINISHED)).sum())
         order = list(dict.fromkeys(trials.cell_hash))
     order += [h for h in dict.fromkeys(trials.cell_hash) if h not in order]
     labels = dict(zip(trials.cell_hash, trials.cell, strict=True)) if "cell" in trials else {}
@@ -322,10 +321,10 @@ def from_ledger(ledger: Ledger, spec) -> StudyData:
         mode=spec.metric.mode,
         claims=list(getattr(spec, "claims", []) or []),
         failure_rule=rule,
-        missing=int((~trials.status.isin(DONE)).sum()),
+        missing=int((~trials.status.isin(FINISHED)).sum()),
         cells_order=list(dict.fromkeys(trials.cell_hash)),
         analysis=_analysis_options(spec),
-        # what the looks read a metric's range from (the cells' tasks: analysis.bounded.range_of)
+        # what the looks read a metric's range from (the cells' tasks: analysis.claims.bounded.range_of)
         cell_configs={c.cell_hash: c.config for c in ledger.cells(spec.name)},
     )
 
@@ -345,7 +344,7 @@ def mixed_code_versions(trials: pd.DataFrame, provenance: dict[str, dict[str, An
     """One line per cell whose finished seeds ran different code (git sha, dirty tree or package
     version): their spread may be the code's, not the seeds'."""
     lines = []
-    done = trials[trials.status.isin(DONE)]
+    done = trials[trials.status.isin(FINISHED)]
     for cell_hash, group in done.groupby("cell_hash", sort=False):
         versions: dict[str, int] = {}
         for key in group.trial_key:
@@ -406,7 +405,7 @@ def from_frame(
         mode,
         [ClaimEntry.model_validate(c) for c in claims or []],
         rule,
-        int((~trials.status.isin(DONE)).sum()),
+        int((~trials.status.isin(FINISHED)).sum()),
         cells_order=list(dict.fromkeys(trials.cell_hash)),
         analysis=dict(analysis or {}),
     )

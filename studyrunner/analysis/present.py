@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .claims import CONTRADICTED, INCONCLUSIVE, INVALID, PENDING, SUPPORTED, Verdict
-from .search import best_points
+from .claims import Verdict, VerdictKind
+from .search_history import best_points
 from .summary import (
     EQUAL_DEPTH_COLUMNS,
     FAMILY_COLUMNS,
@@ -24,7 +24,13 @@ from .summary import (
     verdict_interval,
 )
 
-STYLES = {SUPPORTED: "green", CONTRADICTED: "red", INCONCLUSIVE: "yellow", INVALID: "magenta", PENDING: "cyan"}
+STYLES = {
+    VerdictKind.SUPPORTED: "green",
+    VerdictKind.CONTRADICTED: "red",
+    VerdictKind.INCONCLUSIVE: "yellow",
+    VerdictKind.INVALID: "magenta",
+    VerdictKind.PENDING: "cyan",
+}
 
 
 def _table(title: str, columns: list[str]) -> Table:

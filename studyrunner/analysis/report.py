@@ -18,10 +18,10 @@ import numpy as np
 import pandas as pd
 
 from ..errors import StudyrunnerError
+from ..tracking.ui_links import run_url, runs_url
 from ..urls import mask_url
 from .claims import flat as claims_flat
 from .data import StudyData
-from .mlflow_ui import run_url, runs_url
 from .summary import (
     EQUAL_DEPTH_COLUMNS,
     FAMILY_COLUMNS,

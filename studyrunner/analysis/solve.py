@@ -53,7 +53,8 @@ def time_to_solve(
 
 
 def default_threshold(data: StudyData, metric: str) -> float:
-    """The old rule: 90% of the best cell mean (mode max), 110% of the best (lowest) for mode min."""
+    """The last resort, with no chance level known: 90% of the best cell mean (mode max), 110% of the best
+    (lowest) for mode min. It moves with the results."""
     means = data.done.groupby("cell_hash")[metric].mean().dropna() if metric in data.done else pd.Series()
     if means.empty:
         return math.nan

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ..store.status import FINISHED
 from .data import StudyData
 
 CONFIDENCE = 0.95
@@ -278,7 +279,7 @@ def cell_stats(data: StudyData, metric: str | None = None) -> pd.DataFrame:
         trials = data.trials[data.trials.cell_hash == cell_hash]
         if trials.empty:
             continue
-        done = trials[trials.status.isin(("succeeded", "failed", "diverged"))]
+        done = trials[trials.status.isin(FINISHED)]
         values = done[metric] if metric in done else pd.Series(dtype=float)
         failures, n_done = int(done.failed.sum()), len(done)
         lo, hi = wilson(failures, n_done)
@@ -296,7 +297,7 @@ def cell_stats(data: StudyData, metric: str | None = None) -> pd.DataFrame:
             "failure_hi": hi,
             "mean_success": float(_clean(success).mean()) if len(_clean(success)) else math.nan,
             "n_success": len(_clean(success)),
-            "missing": int((~trials.status.isin(("succeeded", "failed", "diverged"))).sum()),
+            "missing": int((~trials.status.isin(FINISHED)).sum()),
         }
         rows.append(row)
     return pd.DataFrame(rows)

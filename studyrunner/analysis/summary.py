@@ -10,11 +10,12 @@ import numpy as np
 import pandas as pd
 
 from . import claims as claims_mod
-from . import depth, power, sequential, solve, validity
+from . import depth, sequential, solve
 from . import fits as fits_mod
 from . import stats as stats_mod
+from .claims import power, validity
 from .data import StudyData
-from .search import best_points
+from .search_history import best_points
 
 
 @dataclass
@@ -41,7 +42,7 @@ class Analysis:
     chance_source: str = ""
     logistic_top: float | None = None  # the logistic's fixed ceiling (None: fitted)
     verdicts: list[claims_mod.Verdict] = field(default_factory=list)
-    # per claim (same order as verdicts): the threats to its validity the data show (analysis/validity.py)
+    # per claim (same order as verdicts): the threats to its validity the data show (analysis/claims/validity.py)
     threats: list[list] = field(default_factory=list)
 
     @property

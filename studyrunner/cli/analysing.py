@@ -118,9 +118,10 @@ def verify(
 ):
     """Check the study's claims: supported, contradicted, inconclusive, or pending while trials they select
     are unfinished (exit 1 if a claim is contradicted or invalid; pending claims never fail), each with the
-    threats to its validity the data show (analysis/validity.py)."""
+    threats to its validity the data show (analysis/claims/validity.py)."""
     from ..analysis import claims as analysis_claims
-    from ..analysis import power, sequential, validity
+    from ..analysis import sequential
+    from ..analysis.claims import VerdictKind, power, validity
     from ..analysis.present import print_verdicts, write_json
 
     loaded = _load_study(study, db, workspace, storage)
@@ -148,9 +149,9 @@ def verify(
         _print_threats(threats)
         _print_tuning(loaded)
     final = [v.verdict_holm if holm else v.verdict for v in verdicts]
-    if any(f in (analysis_claims.CONTRADICTED, analysis_claims.INVALID) for f in final):
+    if any(f in (VerdictKind.CONTRADICTED, VerdictKind.INVALID) for f in final):
         raise typer.Exit(1)
-    decided = (analysis_claims.SUPPORTED, analysis_claims.CONTRADICTED)
+    decided = (VerdictKind.SUPPORTED, VerdictKind.CONTRADICTED)
     if strict and any(f in decided and found for f, found in zip(final, threats, strict=True)):
         err.print("--strict: a decided claim carries a threat to its validity (see above)", markup=False)
         raise typer.Exit(1)
@@ -182,7 +183,7 @@ def _print_threats(threats) -> None:
     if not any(threats):
         out.print("threats to validity: none found")
         return
-    out.print("threats to validity (analysis/validity.py; docs/analysis/validity.md):")
+    out.print("threats to validity (analysis/claims/validity.py; docs/analysis/validity.md):")
     for i, found in enumerate(threats, 1):
         for t in found:
             out.print(Text.assemble(f"  claim {i}: ", (str(t.threat), "yellow"), f": {t.detail}"), soft_wrap=True)
@@ -205,8 +206,8 @@ def report(
     tracking_uri: TrackingOpt = None,
 ):
     """Write one self-contained HTML report (plots inline, no network) with the cell, fit and claim tables."""
-    from ..analysis.mlflow_ui import log_study_run
     from ..analysis.report import write_report
+    from ..tracking.ui_links import log_study_run
 
     ws = open_workspace(workspace, db, tracking_uri, storage)
     loaded = _load_study(study, db, workspace, storage, ws)  # first: a missing ledger creates nothing
@@ -270,8 +271,8 @@ def ui(
     workspace: WorkspaceOpt = None,
 ):
     """Serve the MLflow UI over the study tracking store until Ctrl-C (stopping `ui` stops the server)."""
-    from ..analysis.mlflow_ui import runs_url
-    from ..orchestrate.ui_server import serve
+    from ..tracking.ui_links import runs_url
+    from ..tracking.ui_server import serve
 
     ws = open_workspace(workspace, db=db, tracking_uri=tracking_uri)
     experiments = _experiments(ws.db_url, study)

@@ -106,14 +106,16 @@ def sync_mlflow(
     driver died): missing runs and points, statuses, curves rebuilt from checkpoints. Safe to rerun."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from ..orchestrate.mlflow_sync import sync_mlflow as sync
-    from ..orchestrate.tracking import Tracker
+    from ..orchestrate.submission import reap_dead
     from ..store import CurveStore, Ledger
+    from ..tracking.sync import sync_mlflow as sync
+    from ..tracking.tracker import Tracker
 
     ws = open_workspace(workspace, db, tracking_uri, storage)
     ledger = Ledger(ws.db_url, create=False)
     ledger.get_study(study)  # an unknown study fails before MLflow is touched
     tracker = Tracker(ws.tracking_uri)
+    reap_dead(ledger, study)  # a dead driver's trials are flagged, so the audit finds what it half wrote
     with Progress(TextColumn("auditing trials"), BarColumn(), MofNCompleteColumn(), console=err, transient=True) as bar:
         task = bar.add_task("audit", total=None)
         report = sync(

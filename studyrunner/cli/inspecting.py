@@ -69,9 +69,9 @@ def _print_reach(compiled) -> None:
 
 
 def _print_threats_before_training(compiled, facts) -> None:
-    """Per claim, the threats to its validity known before anything runs (analysis/validity.py): sides that
+    """Per claim, the threats to its validity known before anything runs (analysis/claims/validity.py): sides that
     differ in more than the claim names, properties declared `matched:` that are not."""
-    from ..analysis.validity import before_training
+    from ..analysis.claims.validity import before_training
 
     if compiled.study.search is not None or not compiled.study.claims:
         return
@@ -238,7 +238,7 @@ def status(
     stale_after: StaleOpt = None,
 ):
     """Trials per status, per study; then each failed or diverged trial with its class and first error line."""
-    from ..store import STATUSES
+    from ..store import STATUSES, TrialStatus
     from ..store.ledger import STALE_AFTER_S
 
     ws = open_workspace(workspace, db)
@@ -253,13 +253,13 @@ def status(
     for s in (*columns, "total"):
         table.add_column(s, justify="right")
     styles = {
-        "succeeded": "green",
-        "failed": "red",
-        "running": "cyan",
-        "pending": "yellow",
-        "diverged": "magenta",
-        "cancelled": "dim",
-        "stale": "bold red",
+        TrialStatus.SUCCEEDED: "green",
+        TrialStatus.FAILED: "red",
+        TrialStatus.RUNNING: "cyan",
+        TrialStatus.PENDING: "yellow",
+        TrialStatus.DIVERGED: "magenta",
+        TrialStatus.CANCELLED: "dim",
+        "stale": "bold red",  # not a status: unfinished trials whose holder is gone
     }
     for name, c in sorted(counts.items()):
         cells = [f"[{styles[s]}]{c[s]}[/]" if c[s] else "0" for s in columns]
@@ -299,7 +299,9 @@ def _print_looks(ledger, name: str) -> None:
 
 
 def _print_failures(ledger, studies: list[str], limit: int = 50) -> None:
-    rows = [t for name in studies for t in ledger.trials(name, statuses=("failed", "diverged"))]
+    from ..store.status import UNSUCCESSFUL
+
+    rows = [t for name in studies for t in ledger.trials(name, statuses=UNSUCCESSFUL)]
     if not rows:
         return
     table = Table(title="failed and diverged trials")
@@ -395,6 +397,8 @@ def _cell_text(v) -> str:
 
 
 def _print_results_table(df, out_path: Path | None = None) -> None:
+    from ..store.status import TrialStatus
+
     varied = [c for c in df.columns if "." in c and df[c].astype(str).nunique() > 1]
     metrics = [
         m
@@ -409,7 +413,7 @@ def _print_results_table(df, out_path: Path | None = None) -> None:
         table.add_row(*(Text(_cell_text(row[col])) for col in [*ids, *varied, *metrics]))
     failures = [
         Text.assemble((row.trial_key, "red"), ": ", str(row.error).splitlines()[0] if row.error else "?")
-        for _, row in df[df.status == "failed"].iterrows()
+        for _, row in df[df.status == TrialStatus.FAILED].iterrows()
     ]
     if out_path is None:
         console = out

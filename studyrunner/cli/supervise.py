@@ -18,7 +18,7 @@ can stop it. The watching parent holds no Ray and no GIL of the child's:
   on running unwatched.
 
 Only the real command forks (`studyrunner.cli.main` turns it on): in-process callers (the Python API, typer's
-CliRunner in tests) run the command in their own process as before.
+CliRunner in tests) run the command in their own process, unsupervised.
 """
 
 from __future__ import annotations

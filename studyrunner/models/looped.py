@@ -112,8 +112,8 @@ class LoopedTransformer(nn.Module):
         # Every metric name this model adds to the trainer's vocabulary (see CoreParams.metric_names).
         self.diagnostic_names: set[str] = p.metric_names()
         rotary = rotary_for(p, max(facts.seq_len, p.memory_slots))
-        # Construction order (embed, blocks, head) is the RNG order of the original family: kept, so a
-        # cell without the extensions draws the same initial weights as before they existed.
+        # Construction order (embed, blocks, head) fixes the RNG order: the extensions (prefix, suffix,
+        # memory) are built after it, so a cell without them draws the plain looped model's initial weights.
         self.embed = Embedding(p, facts.vocab_size, facts.seq_len)
         self.blocks = nn.ModuleList(Block(p, facts.causal, rotary) for _ in range(p.block_layers))
         self.head = Head(p, facts.vocab_size)

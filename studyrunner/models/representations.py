@@ -1,4 +1,4 @@
-"""Representation diagnostics per loop step, for every family (issue 15, item 7).
+"""Representation diagnostics per loop step, for every family.
 
 The seam: a family hands its state to `trace_step(self, h)` once as it enters the loop (step 0) and
 once after every loop step; nothing happens unless a diagnostic pass set a `StepTrace` on the

@@ -1,5 +1,5 @@
 """What a command is asked (`RunOptions`) and what it reports (`SubmitResult`): the two values every step of
-`submit`, `resume` and `rerun` passes along (runner.py)."""
+`submit`, `resume` and `rerun` passes along (commands/runner.py)."""
 
 from __future__ import annotations
 

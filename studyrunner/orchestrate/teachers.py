@@ -19,7 +19,7 @@ import torch
 
 from ..errors import StudyrunnerError
 from ..models import build_model
-from ..store import Ledger
+from ..store import Ledger, TrialStatus
 from ..tasks import build_task
 from ..train.checkpoint import checkpoint_name, open_storage
 from ..workspace import Workspace
@@ -49,7 +49,7 @@ def resolve_teachers(compiled, ledger: Ledger, workspace: Workspace) -> dict[str
         row = rows.get(key)
         if row is None:
             raise fail("is not in the ledger; submit the looplm study that trains it first (same --db)")
-        if row.status != "succeeded":
+        if row.status != TrialStatus.SUCCEEDED:
             raise fail(_unfinished(row, ledger, workspace))
         config = next(c.config for c in ledger.cells(row.study) if c.cell_hash == row.cell_hash)
         if config["model"]["family"] not in TEACHER_FAMILIES:
@@ -74,7 +74,7 @@ def _unfinished(row, ledger: Ledger, workspace: Workspace) -> str:
             f"is stale: the submit that ran it (study {row.study!r}) stopped without finishing it (killed, or "
             f"its machine went down); finish it with: {workspace.hint('resume', row.study)}, then submit again"
         )
-    if row.status == "running":
+    if row.status == TrialStatus.RUNNING:
         return f"is still running (study {row.study!r}); submit again once it has succeeded"
     return f"is {row.status}, not succeeded: a teacher must have finished training"
 

@@ -1,7 +1,18 @@
 """The ledger (SQL) and curve store (Parquet)."""
 
 from .curves import CurveStore
-from .db import STATUSES, CellRow, StudyRow, TrialRow
+from .db import CellRow, StudyRow, TrialRow
 from .ledger import Ledger, Registration
+from .status import STATUSES, IllegalTransition, TrialStatus
 
-__all__ = ["STATUSES", "CellRow", "CurveStore", "Ledger", "Registration", "StudyRow", "TrialRow"]
+__all__ = [
+    "STATUSES",
+    "CellRow",
+    "CurveStore",
+    "IllegalTransition",
+    "Ledger",
+    "Registration",
+    "StudyRow",
+    "TrialRow",
+    "TrialStatus",
+]

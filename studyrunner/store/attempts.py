@@ -9,20 +9,24 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from . import longform
-from .db import FINISHED, AttemptRow, TrialRow, json_safe, utcnow
+from .db import AttemptRow, TrialRow, json_safe, utcnow
 from .opening import LedgerDatabase
+from .status import FINISHED, TrialStatus, check_move
 
 
 def end_open_attempts(s: Session, keys, status, message=None, error_class=None, traceback_artifact=None) -> None:
     """End the open attempts of trials `keys` as `status`, keeping a note already in an attempt's message (how
-    it started) before `message`. Module-level because `Leases.release` ends a submission's attempts too."""
+    it started) before `message`. Module-level because `Leases.release` ends a submission's attempts too.
+
+    An attempt's status is its trial's outcome (succeeded, failed, diverged) or why it stopped short: failed
+    (an infrastructure failure Ray Tune retries), interrupted or cancelled (the failure class)."""
     if not keys:
         return
     q = select(AttemptRow).where(AttemptRow.trial_key.in_(keys), AttemptRow.ended_at.is_(None))
     for a in s.scalars(q):
         a.status, a.ended_at = status, utcnow()
         a.message = f"{a.message}; {message}" if a.message and message else (message or a.message)
-        a.error_class = error_class if error_class else (None if status == "succeeded" else status)
+        a.error_class = error_class if error_class else (None if status == TrialStatus.SUCCEEDED else status)
         a.traceback_artifact = traceback_artifact
 
 
@@ -35,8 +39,9 @@ class Attempts(LedgerDatabase):
         """The trial is running a new attempt; returns the attempt's number (1, 2, ...)."""
         with self.session() as s, s.begin():
             r = s.get(TrialRow, trial_key)
+            status = check_move(trial_key, r.status, TrialStatus.RUNNING, "start of an attempt")
             end_open_attempts(s, [trial_key], "interrupted", "superseded by a new attempt")
-            r.status, r.started_at, r.finished_at = "running", utcnow(), None
+            r.status, r.started_at, r.finished_at = status, utcnow(), None
             r.error, r.failure_class, r.heartbeat_at = None, None, utcnow()
             r.attempts += 1
             if submission:
@@ -71,12 +76,13 @@ class Attempts(LedgerDatabase):
     ) -> None:
         """The current attempt failed and another follows (an infrastructure failure Ray Tune retries)."""
         with self.session() as s, s.begin():
-            end_open_attempts(s, [trial_key], "failed", message, error_class, traceback_artifact)
+            # the attempt failed; the trial stays running (its next attempt starts)
+            end_open_attempts(s, [trial_key], TrialStatus.FAILED, message, error_class, traceback_artifact)
 
     def finish(
         self,
         trial_key: str,
-        status: str,
+        status: TrialStatus,
         *,
         metrics: dict[str, Any] | None = None,
         error: str | None = None,
@@ -86,9 +92,11 @@ class Attempts(LedgerDatabase):
     ) -> None:
         """The trial ended `succeeded`, `failed` or `diverged` (metrics kept when given). `mlflow_dirty`:
         set the flag in the same transaction (the driver sets it until MLflow shows the outcome too)."""
-        assert status in FINISHED, status
+        if status not in FINISHED:
+            raise ValueError(f"trial {trial_key}: {status!s} is not an outcome (one of {', '.join(FINISHED)})")
         with self.session() as s, s.begin():
             r = s.get(TrialRow, trial_key)
+            status = check_move(trial_key, r.status, status, "end of its attempt")
             r.status, r.finished_at, r.error, r.failure_class, r.owner = status, utcnow(), error, failure_class, None
             if mlflow_dirty is not None:
                 r.mlflow_dirty = mlflow_dirty
@@ -119,12 +127,12 @@ class Attempts(LedgerDatabase):
         q = select(AttemptRow).where(AttemptRow.trial_key == trial_key, AttemptRow.ended_at.is_(None))
         return s.scalars(q.order_by(AttemptRow.number.desc())).first()
 
-    # Simple transitions, for tests, notebooks and the analysis fixtures.
+    # Simple transitions, for tests, notebooks and the analysis fixtures (a trial runs before it ends).
     def mark_running(self, trial_key: str, run_id: str | None = None) -> None:
         self.start_attempt(trial_key, run_id=run_id)
 
     def mark_succeeded(self, trial_key: str, metrics: dict[str, Any]) -> None:
-        self.finish(trial_key, "succeeded", metrics=metrics)
+        self.finish(trial_key, TrialStatus.SUCCEEDED, metrics=metrics)
 
     def mark_failed(self, trial_key: str, error: str, metrics: dict[str, Any] | None = None) -> None:
-        self.finish(trial_key, "failed", metrics=metrics, error=error, failure_class="error")
+        self.finish(trial_key, TrialStatus.FAILED, metrics=metrics, error=error, failure_class="error")

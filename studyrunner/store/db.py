@@ -27,10 +27,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-# A trial's life: pending -> running -> succeeded | failed | diverged | cancelled. `stale` is not stored:
-# it is a pending/running trial whose lease holder (a `submissions` row) has gone silent (leases.py).
-STATUSES = ("pending", "running", "succeeded", "failed", "diverged", "cancelled")
-FINISHED = ("succeeded", "failed", "diverged")
+# A trial's statuses and the moves between them: status.py (re-exported here, where orchestrate imports them).
+from .status import FINISHED as FINISHED
+from .status import STATUSES as STATUSES
+from .status import TrialStatus
+
 # The tables that make a database a ledger (a database holding other tables is never made into one).
 LEDGER_TABLES = frozenset({"studies", "cells", "trials"})
 # Why an attempt ended without succeeding (attempts.error_class, trials.failure_class).
@@ -85,7 +86,7 @@ class TrialRow(Base):
     study: Mapped[str] = mapped_column(String(64), index=True)
     cell_hash: Mapped[str] = mapped_column(String(32))
     seed: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    status: Mapped[str] = mapped_column(String(16), default=TrialStatus.PENDING, index=True)  # TrialStatus
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
@@ -166,7 +167,7 @@ class CellParamRow(Base):
 class SearchPointRow(Base):
     """One configuration a search suggested (`search:`; revision 0004): an Optuna trial, by its study's name
     and trial number, and the cell it made. The Optuna study itself lives apart from these tables (its own
-    SQLite file or PostgreSQL schema: orchestrate/search_storage.py); this row is the ledger's account of it."""
+    SQLite file or PostgreSQL schema: orchestrate/feeds/search_storage.py); this row is the ledger's account of it."""
 
     __tablename__ = "search_points"
     __table_args__ = (ForeignKeyConstraint(["study", "cell_hash"], ["cells.study", "cells.cell_hash"]),)
@@ -204,7 +205,7 @@ class LookRow(Base):
 
 class LookClaimRow(Base):
     """One claim at one look: its test's statistic and p, the information fraction, the boundary and the
-    decision (analysis/looks.py ClaimLook)."""
+    decision (analysis/sequential/looks.py ClaimLook)."""
 
     __tablename__ = "look_claims"
     __table_args__ = (ForeignKeyConstraint(["study", "look"], ["looks.study", "looks.number"]),)

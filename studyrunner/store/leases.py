@@ -11,12 +11,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import and_, case, or_, select, update
+from sqlalchemy.orm import Session
 
 from ..errors import StudyrunnerError
 from ..settings import seconds_or_default
 from .attempts import end_open_attempts
-from .db import FINISHED, AttemptRow, StudyRow, SubmissionRow, TrialRow, utcnow
+from .db import AttemptRow, StudyRow, SubmissionRow, TrialRow, utcnow
 from .opening import LedgerDatabase
+from .status import SUBMIT_RUNS, UNFINISHED, IllegalTransition, TrialStatus, illegal_sources
 
 # A submission silent this long has lost its leases; its unfinished trials are `stale` (resumable).
 # Drivers beat every few seconds, so a minute without one is a dead or wedged process.
@@ -50,6 +52,16 @@ def _process_started_at(pid: int) -> datetime | None:
         return None
     ticks = int(fields[19])  # field 22 of stat: start time in clock ticks after boot
     return datetime.fromtimestamp(boot + ticks / os.sysconf("SC_CLK_TCK"), UTC)
+
+
+def refuse_illegal_moves(s: Session, where, sources: tuple[str, ...], new: TrialStatus, action: str) -> None:
+    """Before a bulk UPDATE of the trials `where` selects in `sources` to status `new`: refuse it when the
+    table (status.py TRANSITIONS) forbids one of those moves, naming the trials it would have moved."""
+    bad = illegal_sources(sources, new)
+    if bad:
+        q = select(TrialRow.trial_key, TrialRow.status).where(where, TrialRow.status.in_(bad)).limit(5)
+        rows = s.execute(q).all()
+        raise IllegalTransition([key for key, _ in rows] or None, rows[0][1] if rows else bad[0], new, action)
 
 
 def submission_process_alive(row: SubmissionRow) -> bool:
@@ -111,7 +123,7 @@ class Leases(LedgerDatabase):
         study: str,
         keys: list[str],
         submission: str,
-        statuses: tuple[str, ...] = ("pending", "cancelled"),
+        statuses: tuple[str, ...] = SUBMIT_RUNS,
         stale_after: float = STALE_AFTER_S,
     ) -> list[str]:
         """Take the lease on those of `keys` in `statuses` (or left running by a dead submission) that no
@@ -123,15 +135,18 @@ class Leases(LedgerDatabase):
         with self.session() as s, s.begin():
             known = select(SubmissionRow.id).where(SubmissionRow.ended_at.is_(None))
             free = or_(TrialRow.owner.is_(None), TrialRow.owner.in_(dead), TrialRow.owner.not_in(known))
-            runnable = or_(TrialRow.status.in_(statuses), and_(TrialRow.status == "running", TrialRow.owner.in_(dead)))
+            running, pending = TrialStatus.RUNNING, TrialStatus.PENDING
+            runnable = or_(TrialRow.status.in_(statuses), and_(TrialRow.status == running, TrialRow.owner.in_(dead)))
             for i in range(0, len(keys), 500):
+                batch = and_(TrialRow.trial_key.in_(keys[i : i + 500]), runnable, free)
+                refuse_illegal_moves(s, batch, (running,), pending, "claim of a trial its dead holder left running")
                 s.execute(
                     update(TrialRow)
-                    .where(TrialRow.trial_key.in_(keys[i : i + 500]), runnable, free)
+                    .where(batch)
                     # A finished trial keeps its outcome until an attempt of it starts (start_attempt):
                     # a command that stops before then leaves it as it was.
                     .values(
-                        status=case((TrialRow.status == "running", "pending"), else_=TrialRow.status),
+                        status=case((TrialRow.status == running, pending), else_=TrialRow.status),
                         owner=submission,
                         heartbeat_at=utcnow(),
                     )
@@ -176,10 +191,12 @@ class Leases(LedgerDatabase):
         with self.session() as s, s.begin():
             if live:
                 s.execute(update(SubmissionRow).where(SubmissionRow.id.in_(live)).values(cancel_requested_at=utcnow()))
+            unheld = and_(TrialRow.study == study, TrialRow.owner.is_(None))
+            refuse_illegal_moves(s, unheld, (TrialStatus.PENDING,), TrialStatus.CANCELLED, "cancel")
             result = s.execute(
                 update(TrialRow)
-                .where(TrialRow.study == study, TrialRow.status == "pending", TrialRow.owner.is_(None))
-                .values(status="cancelled", failure_class="cancelled", error="cancelled before it started")
+                .where(unheld, TrialRow.status == TrialStatus.PENDING)
+                .values(status=TrialStatus.CANCELLED, failure_class="cancelled", error="cancelled before it started")
             )
         return len(live), result.rowcount
 
@@ -190,17 +207,18 @@ class Leases(LedgerDatabase):
         `died`: the process was killed without releasing anything (reap_dead). It may have died in the
         middle of any MLflow write, so every trial it ran an attempt of is flagged `mlflow_dirty`, for
         `sync-mlflow` (and `resume`, which syncs) to compare and mend."""
-        status = "cancelled" if cancelled else "pending"
-        why = "cancelled" if cancelled else "interrupted"
+        status = TrialStatus.CANCELLED if cancelled else TrialStatus.PENDING
+        why = "cancelled" if cancelled else "interrupted"  # the failure class
         mine = TrialRow.owner == submission
         with self.session() as s, s.begin():
             # Conditional UPDATEs, never read-then-write: two resumes reap the same dead submission at once,
             # and the slower one's list of its trials may be old by the time it writes; writing those rows
             # by key would drop the lease the faster one has taken since (both then ran every trial).
+            refuse_illegal_moves(s, mine, UNFINISHED, status, "release")
             unfinished = list(
                 s.scalars(
                     update(TrialRow)
-                    .where(mine, TrialRow.status.not_in(FINISHED))
+                    .where(mine, TrialRow.status.in_(UNFINISHED))
                     .values(
                         status=status,
                         failure_class=why,

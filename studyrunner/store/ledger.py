@@ -23,8 +23,9 @@ from .leases import STALE_AFTER_S, Leases, submission_process_alive
 from .looks import Looks
 from .opening import LedgerDatabase, database_errors, open_engine, probe
 from .reads import Reads
-from .registration import SUBMIT_RUNS, Registering, Registration
+from .registration import Registering, Registration
 from .search_points import SearchPoints
+from .status import SUBMIT_RUNS
 
 __all__ = [
     "STALE_AFTER_S",

@@ -1,8 +1,8 @@
 """One command at a time creates (or migrates) the local SQLite stores: the ledger and MLflow's store.
 
-Two `submit`s into a brand-new workspace used to race through the same CREATE TABLEs and MLflow's migrations
-and could leave a half-made `mlflow.db` (a `_alembic_tmp_*` table, a schema between two revisions) that every
-later command then failed on. Now the command that opens the stores holds an exclusive `flock` on a file beside
+Unguarded, two `submit`s into a brand-new workspace would race through the same CREATE TABLEs and MLflow's
+migrations and could leave a half-made `mlflow.db` (a `_alembic_tmp_*` table, a schema between two revisions) that
+every later command then fails on. So the command that opens the stores holds an exclusive `flock` on a file beside
 them, `.studyrunner-stores.lock` (in the workspace by default), while it creates or migrates them; a second
 command waits for it (seconds), then finds them made. The kernel releases the lock when its holder exits,
 `kill -9` included, so a lock is never left behind. A store on a server (PostgreSQL) is not locked here: its

@@ -1,4 +1,4 @@
-"""What a sequential study (`seeds: {start, max}`, orchestrate/waves.py) records: each look at its claims,
+"""What a sequential study (`seeds: {start, max}`, orchestrate/feeds/waves.py) records: each look at its claims,
 with the wave of trials the look adds."""
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ from sqlalchemy import and_, func, or_, select
 
 from ..errors import StudyrunnerError
 from ..urls import mask_url
-from .db import STATUSES, AttemptRow, CellRow, StudyRow, TrialRow
+from .db import AttemptRow, CellRow, StudyRow, TrialRow
 from .leases import STALE_AFTER_S, Leases
+from .status import STATUSES, TrialStatus
 
 
 class Reads(Leases):
@@ -71,9 +72,10 @@ class Reads(Leases):
 
     def _stale(self, study: str | None, stale_after: float):
         dead = [r.id for r in self.dead_submissions(study, stale_after)]
+        running = TrialRow.status == TrialStatus.RUNNING
         where = and_(
-            TrialRow.status.in_(("pending", "running")),
-            or_(TrialRow.owner.in_(dead), and_(TrialRow.status == "running", TrialRow.owner.is_(None))),
+            TrialRow.status.in_((TrialStatus.PENDING, TrialStatus.RUNNING)),
+            or_(TrialRow.owner.in_(dead), and_(running, TrialRow.owner.is_(None))),
         )
         return where if study is None else and_(where, TrialRow.study == study)
 

@@ -12,9 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from . import longform
 from .db import CellRow, StudyRow, TrialRow, utcnow
 from .opening import LedgerDatabase
-
-# What `submit` and `resume` run besides new trials. Failed and diverged trials are `rerun`'s.
-SUBMIT_RUNS = ("pending", "cancelled")
+from .status import SUBMIT_RUNS, TrialStatus  # SUBMIT_RUNS: what `submit` and `resume` run besides new trials
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,7 @@ class Registering(LedgerDatabase):
                     s.add(TrialRow(trial_key=t.trial_key, study=study.name, cell_hash=t.cell_hash, seed=t.seed))
                     new += 1
                     to_run.append(t.trial_key)
-                elif r.status == "succeeded":
+                elif r.status == TrialStatus.SUCCEEDED:
                     skipped.append(t.trial_key)
                 elif r.status in SUBMIT_RUNS:
                     to_run.append(t.trial_key)

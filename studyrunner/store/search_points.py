@@ -1,4 +1,4 @@
-"""What a search (`search:`, orchestrate/search.py) records: each configuration Optuna suggested, the cell
+"""What a search (`search:`, orchestrate/feeds/search.py) records: each configuration Optuna suggested, the cell
 it made, and what Optuna was told of it."""
 
 from __future__ import annotations

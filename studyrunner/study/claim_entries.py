@@ -21,7 +21,7 @@ class ClaimEntry(Strict):
     min_effect: 0.05}`); a string is the mapping without `min_effect`, and an entry without one is written
     back as a string. `min_effect` (> 0) is on the claim's own scale: a difference of the metric, a slope
     per unit of x (per ln x for `ln x`), a difference of failure rates. `verify` gives the seeds its test
-    needs to detect that effect with 80% power (`studyrunner.analysis.power`).
+    needs to detect that effect with 80% power (`studyrunner.analysis.claims.power`).
 
     `margin` (> 0, on the claim's scale) turns `A ~= B` into an equivalence claim (decided by two one-sided
     tests: the 1 − 2α interval of A − B inside (−margin, margin)) and `A >= B` / `A <= B` into non-inferiority

@@ -239,7 +239,7 @@ def claim_reach(compiled: CompiledStudy) -> list[Reach]:
     seeds = len(study.seed_values)  # a sequential design: the most seeds it can reach (`max`)
     labels = [c.label for c in compiled.cells]
 
-    def span_of(metric: str | None) -> tuple[float, float] | None:  # as `analysis.bounded.range_of` reads it
+    def span_of(metric: str | None) -> tuple[float, float] | None:  # as `analysis.claims.bounded.range_of` reads it
         span = _range(metric, compiled)
         return span if span is not None and all(map(math.isfinite, span)) else None
 

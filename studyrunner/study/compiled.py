@@ -37,7 +37,7 @@ class CompiledStudy:
     # Suspicious but runnable settings, one line each (`file:line: field: message`); shown, never fatal.
     warnings: list[str] = field(default_factory=list)
     # A search study (`search:`): the grid cells its searches run in (the base config alone without a grid).
-    # Its `cells` are the configurations suggested so far, which only the ledger knows (orchestrate/search.py).
+    # Its `cells` are the configurations suggested so far, which only the ledger knows (orchestrate/feeds/search.py).
     bases: list[Cell] = field(default_factory=list)
 
     @property

@@ -1,5 +1,5 @@
 """A metric's levels (range, chance, heuristic floor) for a cell of a study, as its task declares them
-(tasks/levels.py), for the analysis (`analysis/validity.py`, the claims' distribution-free gate) and `plan`.
+(tasks/levels.py), for the analysis (`analysis/claims/validity.py`, the claims' distribution-free gate) and `plan`.
 
 A metric name maps to the task metric it is a variant of: `eval_accuracy_loops_8` (another depth),
 `eval_loss_budget_4_steps_1_2_2_3` and `eval_loss_budget_4_min` (a trajectory, the best of them),
@@ -58,7 +58,7 @@ def metric_range(configs, metric: str | None) -> tuple[float, float] | None:
     """(lo, hi) that `metric` cannot leave in any of these cells (resolved configs), as their tasks declare it
     (either end may be infinite: a loss lies in [0, inf)); None where a cell's task declares no levels for it
     (a summary on another scale, a metric no task knows), or there are no cells. The one place the study layer
-    and the analysis (`analysis.bounded.range_of`) read a metric's range."""
+    and the analysis (`analysis.claims.bounded.range_of`) read a metric's range."""
     if not metric:
         return None
     spans = []

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, Field, PrivateAttr, field_validator, model_
 from ..params import _prepare
 from .claim_entries import ClaimEntry, claim_texts
 from .claims_grammar import parse_rule
-from .search import SearchSection
+from .search_space import SearchSection
 from .sections import (
     MAX_EVAL_EXAMPLES,
     AnalysisSection,

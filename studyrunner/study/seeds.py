@@ -14,8 +14,8 @@ MAX_SEQUENTIAL_SEEDS = 1000  # seeds a cell may reach under `seeds: {start, max}
 
 
 class SequentialSeeds(Strict):
-    """`seeds: {start: 3, max: 12}`: seeds on demand until the study's claims are decided (orchestrate/waves.py,
-    analysis/sequential.py). Seeds are 0, 1, 2, ... in order, so a trial's key is the one a `seeds:` list
+    """`seeds: {start: 3, max: 12}`: seeds on demand until the study's claims are decided (orchestrate/feeds/waves.py,
+    analysis/sequential/). Seeds are 0, 1, 2, ... in order, so a trial's key is the one a `seeds:` list
     holding its seed gives."""
 
     start: int = Field(

@@ -8,7 +8,7 @@ their hashes and trial keys, carry the chosen values. Choosing on the validation
 the test split keeps the choice from flattering the arm it was made for.
 
 Everything here is a pure function of the study and the tuning trials' outcomes, so the same ledger gives the
-same choices on any machine (the runner in orchestrate/tuning.py runs the trials; `verify` shows the choices).
+same choices on any machine (the runner in orchestrate/feeds/tuning.py runs the trials; `verify` shows the choices).
 """
 
 from __future__ import annotations
@@ -93,15 +93,17 @@ class Choice:
 def choose(tuning: CompiledStudy, paths: list[str], outcomes: dict[str, tuple[str, dict | None]]) -> dict | None:
     """{group: Choice} from the tuning study's trials' outcomes ({trial_key: (status, metrics)}) over the tuned
     `paths`; None while a tuning trial has not finished. A group whose every point failed gets an empty Choice."""
+    from ..store.status import FINISHED, TrialStatus  # here: the study package imports nothing of the ledger
+
     metric = tuning.study.metric
     groups: dict[str, list[tuple[str, float | None]]] = {}
     points: dict[str, list[dict[str, Any]]] = {}
     for trial in tuning.trials:
-        status, metrics = outcomes.get(trial.trial_key, ("pending", None))
-        if status not in ("succeeded", "failed", "diverged"):
+        status, metrics = outcomes.get(trial.trial_key, (TrialStatus.PENDING, None))
+        if status not in FINISHED:
             return None
         point = {p: _get(trial.config, p) for p in paths}
-        score = (metrics or {}).get(metric.name) if status == "succeeded" else None
+        score = (metrics or {}).get(metric.name) if status == TrialStatus.SUCCEEDED else None
         key = group_of(trial.config, paths)
         groups.setdefault(key, []).append((canonical_json(point), score))
         points.setdefault(key, []).append(point)

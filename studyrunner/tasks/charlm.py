@@ -11,7 +11,7 @@ predicts the next character; `eval_bpc` is the cross-entropy in bits per charact
 
 Held-out text (tasks/textdata.py, the rules `text` follows too). The help topics repeat each other: `specialnames`
 holds `customization`, `attribute-access` and five more whole, `compound` holds `if`, `while`, `try`, ...; split
-by 2,048-character blocks, 94% of the 17-character eval windows occurred verbatim in the training text. Now:
+by 2,048-character blocks, 94% of the 17-character eval windows would occur verbatim in the training text. So:
 
 - exact and near duplicates are removed first (22 topics contained in a longer one, 1 exact copy: 56 topics,
   ~373k characters remain);
@@ -55,7 +55,7 @@ TEST_SHARE = VAL_SHARE = 0.1  # of the characters (by topic)
 class CharlmParams(StrictParams):
     seq_len: int = Field(128, ge=2, le=8192, description="Characters per window (each predicts the next).")
     block_chars: int | None = Field(
-        None, description="Deprecated and ignored: the split is by topic now (accepted so older study files load)."
+        None, description="Ignored: the split is by topic. Accepted so study files that set it still load."
     )
     novel_chars: int = Field(
         17, ge=1, le=4096, description="Eval windows start only where this many characters occur nowhere in training."

@@ -4,7 +4,7 @@ and what the best strategy that does not compute the answer scores (the heuristi
 A verdict on a metric that sits at one of these levels says little about looping: two models at the ceiling
 tie whatever their depth, and a model at a heuristic floor may only have learnt the shortcut (i-GSM's copy
 chains, Sudoku's cells that the givens alone pin down). The analysis reads these levels to flag such claims
-(`analysis/validity.py`: the `ceiling` and `floor` threats); they are declared here, by the task, from its
+(`analysis/claims/validity.py`: the `ceiling` and `floor` threats); they are declared here, by the task, from its
 own eval data, never guessed from a metric's name.
 
 - **chance**: the expected score of a uniform guess among the answers a scored position can take (the task's

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from ..tasks import Batch, Task
+from .hooks import Decoder, KeepsKVCache
 
 DECODE_EXAMPLES = 256  # examples decoded (the first of the eval split): the cache holds them all at once
 
@@ -44,15 +45,15 @@ DECODE_EXAMPLES = 256  # examples decoded (the first of the eval split): the cac
 def decodes(model: torch.nn.Module, task: Task) -> bool:
     """Does this (model, task) get a decoding evaluation? The task asks, the family can."""
     params = getattr(model, "p", None)
-    can = hasattr(model, "new_cache") and (params is None or params.supports_decoding())
-    return bool(getattr(task, "decodes", False)) and can
+    can = isinstance(model, Decoder) and (params is None or params.supports_decoding())
+    return task.decodes and can
 
 
 def has_kv_cache(model: torch.nn.Module, task: Task) -> bool:
     """Would this model keep a KV cache serving this task: a family that decodes with one (`kv_bytes_per_token`),
     on a causal task (a bidirectional encoder's keys change with every later token, so it keeps none)."""
     params = getattr(model, "p", None)
-    can = hasattr(model, "kv_bytes_per_token") and (params is None or params.supports_decoding())
+    can = isinstance(model, KeepsKVCache) and (params is None or params.supports_decoding())
     return can and task.facts.causal
 
 

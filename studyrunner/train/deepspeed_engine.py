@@ -49,6 +49,7 @@ import torch.distributed as dist
 
 from ..tasks import Batch
 from .checkpoint import CheckpointMismatch, Checkpoints, capture_rng, restore_rng
+from .config import DeepSpeedConfig, TrainConfig
 from .engine import check_finite, check_schedule, schedule_state
 from .progress import Progress
 
@@ -62,18 +63,18 @@ class DeepSpeedUnavailable(RuntimeError):
     """deepspeed is not installed, or this process is not a worker of a process group."""
 
 
-def deepspeed_config(train: dict[str, Any], workers: int) -> dict[str, Any]:
-    """DeepSpeed's config for a resolved `train` section on `workers` workers (fp32; no DeepSpeed
+def deepspeed_config(train: TrainConfig, workers: int) -> dict[str, Any]:
+    """DeepSpeed's config for a trial's `train` section on `workers` workers (fp32; no DeepSpeed
     optimizer or scheduler: the trial's AdamW and learning-rate schedule are used)."""
-    section = dict(train["deepspeed"])
-    stage = section.pop("zero_stage")
-    accumulation = section.pop("gradient_accumulation_steps")
+    section = train.deepspeed or DeepSpeedConfig()  # resolved with the engine; unset: zero_stage 1
+    accumulation = section.gradient_accumulation_steps
+    knobs = section.model_dump(exclude={"zero_stage", "gradient_accumulation_steps"}, exclude_none=True)
     return {
-        "train_batch_size": train["batch_size"],
-        "train_micro_batch_size_per_gpu": train["batch_size"] // (workers * accumulation),
+        "train_batch_size": train.batch_size,
+        "train_micro_batch_size_per_gpu": train.batch_size // (workers * accumulation),
         "gradient_accumulation_steps": accumulation,
-        "gradient_clipping": float(train["grad_clip"]),  # 0: off
-        "zero_optimization": {"stage": stage, **{k: v for k, v in section.items() if v is not None}},
+        "gradient_clipping": float(train.grad_clip),  # 0: off
+        "zero_optimization": {"stage": section.zero_stage, **knobs},
         "steps_per_print": 2**31 - 1,  # its own progress lines: the trial reports its records
         "wall_clock_breakdown": False,
     }
@@ -109,9 +110,9 @@ class DeepSpeedEngine:
         self.stage = config["zero_optimization"]["stage"]
         self.accumulation = config["gradient_accumulation_steps"]
         self.micro = config["train_micro_batch_size_per_gpu"]
-        if self.micro * self.workers * self.accumulation != trial.train["batch_size"]:
+        if self.micro * self.workers * self.accumulation != trial.train.batch_size:
             raise ValueError(
-                f"train.batch_size {trial.train['batch_size']} does not split over {self.workers} workers x "
+                f"train.batch_size {trial.train.batch_size} does not split over {self.workers} workers x "
                 f"{self.accumulation} micro-batches"
             )
         self.ds, *_ = deepspeed.initialize(model=trial.model, optimizer=trial.optimizer, config=config)

@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import platform
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -37,6 +37,17 @@ class DeviceUnavailable(RuntimeError):
     """`train.device: cuda` where this trial sees no CUDA GPU."""
 
 
+class RuntimeKnobs(Protocol):
+    """What `Runtime.resolve` reads of a trial's `train` section (`config.TrainConfig`): None = unset."""
+
+    @property
+    def device(self) -> str | None: ...
+    @property
+    def precision(self) -> str | None: ...
+    @property
+    def compile(self) -> str | None: ...
+
+
 @dataclass(frozen=True)
 class Runtime:
     """The resolved device, precision and compile mode of one trial (see the module docstring)."""
@@ -46,12 +57,12 @@ class Runtime:
     compile: str = "none"
 
     @classmethod
-    def resolve(cls, train: dict[str, Any], assigned: str | torch.device | None = None) -> Runtime:
-        """From a resolved config's `train` section (unset knobs absent or None) and the device the
+    def resolve(cls, train: RuntimeKnobs, assigned: str | torch.device | None = None) -> Runtime:
+        """From a trial's `train` section (`config.TrainConfig`; unset knobs None) and the device the
         caller assigned the trial (None: nobody did, as in a direct `run_trial` call)."""
-        requested = _choice(train, "device", DEVICES)
-        precision = _choice(train, "precision", PRECISIONS)
-        compile_mode = _choice(train, "compile", COMPILE_MODES)
+        requested = _choice("device", train.device, DEVICES)
+        precision = _choice("precision", train.precision, PRECISIONS)
+        compile_mode = _choice("compile", train.compile, COMPILE_MODES)
         return cls(select_device(requested, assigned), precision, compile_mode)
 
     @property
@@ -172,8 +183,8 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def _choice(train: dict[str, Any], name: str, allowed: tuple[str, ...]) -> str:
-    value = train.get(name) or allowed[0]  # unset: the first (the default)
+def _choice(name: str, value: str | None, allowed: tuple[str, ...]) -> str:
+    value = value or allowed[0]  # unset: the first (the default)
     if value not in allowed:
         raise ValueError(f"train.{name} must be one of {', '.join(allowed)}; got {value!r}")
     return value

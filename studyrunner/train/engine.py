@@ -25,6 +25,7 @@ import torch
 from ..models.output import AUX_TERMS, ModelOutput
 from ..tasks import Batch, Task
 from .checkpoint import CheckpointMismatch, Checkpoints, capture_rng, restore_rng
+from .config import TrainConfig
 from .optim import set_lr
 from .outcomes import Diverged
 from .progress import Progress
@@ -69,8 +70,8 @@ def train_step(trial: TrialSetup, progress: Progress) -> tuple[float, int]:
     lr = trial.lr(step)
     set_lr(optimizer, lr)
     batch = trial.batch(step)
-    if hasattr(model, "set_train_step"):  # step-dependent model state (MELT's interpolation alpha)
-        model.set_train_step(step)
+    if trial.step_hook is not None:  # step-dependent model state (MELT's interpolation alpha)
+        trial.step_hook(step)
     trial.runtime.step_begin()
     with trial.runtime.autocast():
         result = trial.step_model(batch.inputs)
@@ -84,8 +85,8 @@ def train_step(trial: TrialSetup, progress: Progress) -> tuple[float, int]:
     loss.backward()
     # before clipping: the gradient the loss asked for
     grad_norms = {name: grad_norm(params) for name, params in trial.grad_groups.items()}
-    if trial.train["grad_clip"] > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), trial.train["grad_clip"])
+    if trial.train.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), trial.train.grad_clip)
     optimizer.step()
     loss_value = loss.item()
     check_finite(loss_value, step)
@@ -97,7 +98,7 @@ def train_step(trial: TrialSetup, progress: Progress) -> tuple[float, int]:
 
 
 def objective(
-    task: Task, result: ModelOutput, batch: Batch, train: dict[str, Any], weights: dict[str, float]
+    task: Task, result: ModelOutput, batch: Batch, train: TrainConfig, weights: dict[str, float]
 ) -> torch.Tensor:
     """The loss a step minimises: the task loss (unless `schedules.counts_task_loss` drops it), plus every aux
     term at its weight."""

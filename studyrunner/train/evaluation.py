@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ import torch
 from ..models.representations import tracing
 from ..models.trajectories import ENUMERATE_ALL, front_loading, grid_label, grid_trajectories, schedule
 from ..tasks import Batch, Task
+from .config import EvalConfig
 from .decoding import decodes, decoding_eval, has_kv_cache, kv_footprint
 
 EVAL_CHUNK = 256  # examples per eval forward: bounds memory for long sequences
@@ -83,9 +85,9 @@ def probe_representations(model: torch.nn.Module, data: Batch) -> dict[str, floa
     return trace.result()
 
 
-def depth_settings(ev: dict[str, Any]) -> list[tuple[str, int]]:
+def depth_settings(ev: EvalConfig) -> list[tuple[str, int]]:
     """(name suffix, loop steps) of every evaluation at another depth: eval.loops, then eval.budgets."""
-    return [(f"_loops_{n}", n) for n in ev.get("loops") or []] + [(f"_budget_{m}", m) for m in ev.get("budgets") or []]
+    return [(f"_loops_{n}", n) for n in ev.loops or ()] + [(f"_budget_{m}", m) for m in ev.budgets or ()]
 
 
 def schedule_names(headline: list[str], suffix: str, grid: int, m: int) -> set[str]:
@@ -95,22 +97,24 @@ def schedule_names(headline: list[str], suffix: str, grid: int, m: int) -> set[s
     return names | {f"{name}{suffix}_{summary}" for name in headline for summary in SCHEDULE_SUMMARIES}
 
 
-def depth_metric_names(ev: dict[str, Any], task_metrics: set[str], headline: list[str], grid: int | None) -> set[str]:
-    """Every name `evaluate_depths` reports for this eval section (what `validate` checks metric.name against):
-    `task_metrics` are the task's eval names, `headline` the unsuffixed ones, `grid` the model's L."""
+def depth_metric_names(
+    ev: EvalConfig | Mapping[str, Any], task_metrics: set[str], headline: list[str], grid: int | None
+) -> set[str]:
+    """Every name `evaluate_depths` reports for this eval section (what `validate` checks metric.name against;
+    the resolved section, a mapping, is read as an `EvalConfig`): `task_metrics` are the task's eval names,
+    `headline` the unsuffixed ones, `grid` the model's L."""
+    ev = EvalConfig.of(ev)
     names: set[str] = set()
     for suffix, m in depth_settings(ev):
         names |= {f"{name}{suffix}" for name in task_metrics}
-        if ev.get("trajectory") == ENUMERATE_ALL and grid is not None:
+        if ev.trajectory == ENUMERATE_ALL and grid is not None:
             names |= schedule_names(headline, suffix, grid, m)
     return names
 
 
-def evaluate_depths(
-    model: torch.nn.Module, task: Task, splits: dict[str, Batch], ev: dict[str, Any]
-) -> dict[str, float]:
+def evaluate_depths(model: torch.nn.Module, task: Task, splits: dict[str, Batch], ev: EvalConfig) -> dict[str, float]:
     """Every evaluation at another depth (eval.loops, eval.budgets), under eval.trajectory."""
-    spec = ev.get("trajectory")
+    spec = ev.trajectory
     record: dict[str, float] = {}
     for suffix, m in depth_settings(ev):
         trajectory = schedule(spec, m) if spec is not None and spec != ENUMERATE_ALL else None
@@ -130,7 +134,7 @@ def evaluate_schedules(
     - `_min`, `_max`: the test-half score of the trajectory that is lowest (highest) on the validation half,
       and `_spread` (max - min); the trajectories are ranked on one half of the eval examples and the chosen
       one is scored on the other (`held_out_halves`), so the best of 35 is not inflated by the noise it was
-      chosen for (`selection_heldout` = 1 says a trial did this: analysis/validity.py's `selection` threat);
+      chosen for (`selection_heldout` = 1 says a trial did this: analysis/claims/validity.py's `selection` threat);
     - `_front_rho`: the Spearman correlation of the metric with how front-loaded the trajectory is
       (`trajectories.front_loading`; omitted when either is constant), over every trajectory (no selection);
     - the paper's own statement ("the best schedules are front-loaded"): `_best_front`, the front-loading of
@@ -246,14 +250,14 @@ def teacher_scores(teacher: torch.nn.Module, task: Task, splits: dict[str, Batch
 
 
 def evaluate_and_record(
-    model: torch.nn.Module, task: Task, splits: dict[str, Batch], done: int, steps: int, ev: dict[str, Any]
+    model: torch.nn.Module, task: Task, splits: dict[str, Batch], done: int, steps: int, ev: EvalConfig
 ) -> dict[str, float]:
     """The eval part of the record after `done` steps: every `eval.every` steps and at the last step;
     at the last step also the other depths (`eval.loops`, `eval.budgets`), once, as eval_*_loops_{n}
     and eval_*_budget_{M}."""
     record: dict[str, float] = {}
-    if done % ev["every"] == 0 or done == steps:
-        record.update(evaluate(model, task, splits, representations=ev.get("representations") is not False))
+    if done % ev.every == 0 or done == steps:
+        record.update(evaluate(model, task, splits, representations=ev.representations is not False))
     if done == steps:
         record.update(evaluate_depths(model, task, splits, ev))
         if decodes(model, task):  # tasks that generate, on families with a KV cache (decoding.py)

@@ -78,11 +78,17 @@ import itertools
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_count
+
+from .hooks import DrawsCompute, RealisesLoops
+
+if TYPE_CHECKING:  # setup.py imports this module
+    from .progress import Progress
+    from .setup import TrialSetup
 
 __all__ = [
     "ATTENTION",
@@ -212,8 +218,8 @@ def count_forward_backward(model: torch.nn.Module, tokens: torch.Tensor, loops: 
     and the backward of its objective. Leaves the model's gradients and the random streams as they were."""
     counter = _Counter(model)
     with _isolated(model, tokens.device):
-        draws = getattr(model, "compute_draws", None)
-        variants = (draws() if draws is not None and loops is None else None) or [(1.0, contextlib.nullcontext())]
+        draws = model.compute_draws() if isinstance(model, DrawsCompute) and loops is None else None
+        variants = draws or [(1.0, contextlib.nullcontext())]
         forward = backward = 0.0
         for weight, pinned in variants:
             with pinned:
@@ -280,12 +286,11 @@ def count_step(
 
 def realised_loops(model: torch.nn.Module, tokens: torch.Tensor) -> float | None:
     """The model's `realised_loops` on `tokens` (a no-grad forward that changes no random stream), or None."""
-    hook = getattr(model, "realised_loops", None)
-    if hook is None:
+    if not isinstance(model, RealisesLoops):
         return None
     devices = [tokens.device] if tokens.device.type == "cuda" else []
     with torch.no_grad(), torch.random.fork_rng(devices=devices):
-        value = hook(tokens)
+        value = model.realised_loops(tokens)
     return None if value is None else float(value)
 
 
@@ -312,13 +317,13 @@ def final_metrics(count: StepFlops, samples: Sequence[Sequence[float]], tokens_t
 # ------------------------------------------------------------------------------------------ a trial
 
 
-def count_trial(trial) -> StepFlops | None:
+def count_trial(trial: TrialSetup) -> StepFlops | None:
     """Count a built trial's training step (`setup.TrialSetup`: its model as built, before an engine takes it
     over) on the reference batch, on its device; None, with a warning, where the count fails (the trial trains
     on, without FLOP metrics)."""
     try:
         with trial.runtime.autocast():
-            return count_step(trial.model, trial.train["batch_size"], trial.task.facts.seq_len, trial.runtime.device)
+            return count_step(trial.model, trial.train.batch_size, trial.task.facts.seq_len, trial.runtime.device)
     except Exception as exc:  # noqa: BLE001 - counting must never stop a trial
         log.warning(
             "FLOPs not counted for this trial (%s: %s); it trains without FLOP metrics", type(exc).__name__, exc
@@ -326,27 +331,27 @@ def count_trial(trial) -> StepFlops | None:
         return None
 
 
-def sample_depth(trial, progress, done: int) -> None:
+def sample_depth(trial: TrialSetup, progress: Progress, done: int) -> None:
     """Before the first step (`done` = 0) and at every evaluation: a halting model's realised depth on the train
     batch of the step just taken (the first one before any), added to `progress.flop_depths`."""
     if trial.flops is None or not trial.flops.halting:
         return
-    batch = trial.runtime.to_device(trial.task.train_batch(max(done - 1, 0), trial.train["batch_size"]))
+    batch = trial.runtime.to_device(trial.task.train_batch(max(done - 1, 0), trial.train.batch_size))
     with trial.runtime.autocast():
         loops = realised_loops(trial.model, batch.inputs)
     if loops is not None:
         progress.flop_depths.append([done, loops])
 
 
-def depth_due(trial, done: int) -> bool:
+def depth_due(trial: TrialSetup, done: int) -> bool:
     """Whether `sample_depth` runs after `done` steps: where the trial evaluates (evaluation.evaluate_and_record)."""
-    return trial.flops is not None and trial.flops.halting and (done % trial.ev["every"] == 0 or done == trial.steps)
+    return trial.flops is not None and trial.flops.halting and (done % trial.ev.every == 0 or done == trial.steps)
 
 
-def trial_metrics(trial, progress, tokens: int | None = None) -> dict[str, float]:
+def trial_metrics(trial: TrialSetup, progress: Progress, tokens: int | None = None) -> dict[str, float]:
     """A trial's FLOP metrics so far; `tokens`: the input tokens of its own training batches when
     `progress.total_tokens` counts more (seeds trained together count every seed's)."""
-    if getattr(trial, "flops", None) is None:
+    if trial.flops is None:
         return {}
     return final_metrics(trial.flops, progress.flop_depths, progress.total_tokens if tokens is None else tokens)
 

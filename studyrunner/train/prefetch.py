@@ -1,4 +1,4 @@
-"""Training batches made ahead of the step that uses them, off its critical path (issue 9, item 2).
+"""Training batches made ahead of the step that uses them, off its critical path.
 
 A train batch is a pure function of (task params, trial seed, step) (the tasks' determinism contract),
 so the batches a trial will use are known in advance: a background thread calls

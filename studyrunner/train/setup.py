@@ -6,15 +6,18 @@ of those imports this module and none imports another's.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
 from ..tasks import Batch, Task
 from .checkpoint import Checkpoints
+from .config import EvalConfig, TrainConfig, TrialConfig
 from .device import Runtime
 from .flops import StepFlops
+from .hooks import Fingerprinted
 from .optim import lr_at
 from .prefetch import Prefetcher, prefetch_enabled
 from .progress import Progress
@@ -46,11 +49,10 @@ class Engine(Protocol):
 
 @dataclass
 class TrialSetup:
-    """The built parts of a trial: task, model, optimizer, eval sets (on the device) and the knobs the
-    loop reads. `step_model` is what a training step calls: `model`, or it compiled (same weights)."""
+    """The built parts of a trial: its config (the knobs the loop reads), task, model, optimizer and eval sets
+    (on the device). `step_model` is what a training step calls: `model`, or it compiled (same weights)."""
 
-    train: dict[str, Any]
-    ev: dict[str, Any]
+    config: TrialConfig
     task: Task
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -63,19 +65,28 @@ class TrialSetup:
     batches: Prefetcher | None = None  # train batches made ahead, while one runs (prefetch.py)
     engine: Engine | None = None  # what computes steps and checkpoints (engine.py); build_trial sets it
     flops: StepFlops | None = None  # the training step's counted FLOPs (flops.py); build_trial sets it
+    # the model's `set_train_step` (hooks.StepDependent: MELT's interpolation alpha), called before each step
+    step_hook: Callable[[int], None] | None = None
+
+    @property
+    def train(self) -> TrainConfig:
+        return self.config.train
+
+    @property
+    def ev(self) -> EvalConfig:
+        return self.config.eval
 
     @property
     def steps(self) -> int:
-        return self.train["steps"]
+        return self.config.train.steps
 
     def data_facts(self) -> dict[str, str]:
         """What the task's data is, for the trial's provenance: a task built on a corpus (charlm, text) says
         which (`fingerprint()`: sources with versions, SHA-256 of the exact documents, the tokenizer's), so a
         result names the text it was trained and scored on; a generated task has none (its config says all)."""
-        fingerprint = getattr(self.task, "fingerprint", None)
-        if fingerprint is None:
+        if not isinstance(self.task, Fingerprinted):
             return {}
-        meta = fingerprint()
+        meta = self.task.fingerprint()
         facts = {"data.sha256": str(meta.get("sha256", "")), "data.sources": json.dumps(meta.get("sources", {}))}
         if "tokenizer" in meta:
             facts["data.tokenizer"] = json.dumps(meta["tokenizer"], sort_keys=True)
@@ -83,21 +94,21 @@ class TrialSetup:
 
     def lr(self, step: int) -> float:
         t = self.train
-        return lr_at(step, lr=t["lr"], steps=t["steps"], warmup_steps=t["warmup_steps"], min_lr_ratio=t["min_lr_ratio"])
+        return lr_at(step, lr=t.lr, steps=t.steps, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio)
 
     def record_due(self, done: int) -> bool:
-        return done % self.train["log_every"] == 0 or done == self.steps
+        return done % self.train.log_every == 0 or done == self.steps
 
     def batch(self, step: int) -> Batch:
         """The train batch of `step` on the device: the prefetcher's when one runs, else made now."""
         if self.batches is not None:
             return self.batches.get(step)
-        return self.runtime.to_device(self.task.train_batch(step, self.train["batch_size"]))
+        return self.runtime.to_device(self.task.train_batch(step, self.train.batch_size))
 
     def prefetch_from(self, step: int) -> None:
         """Make the batches of `step`..`steps - 1` ahead in a thread, where that pays (prefetch.py)."""
         if prefetch_enabled(self.runtime.device) and step < self.steps:
-            size = self.train["batch_size"]
+            size = self.train.batch_size
             make = lambda s: self.task.train_batch(s, size)  # noqa: E731
             self.batches = Prefetcher(make, step, self.steps, device=self.runtime.device)
 

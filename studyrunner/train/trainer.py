@@ -5,10 +5,15 @@ eval_exact_match, params, effective_depth, tokens_per_sec, step_time_ms, plus pe
 (eval_accuracy_n8) and whatever diagnostics the model family returns. The final metrics add the training
 FLOPs, counted once on the model as built (flops.py): train_flops, flops_per_token, flops_per_token_forward.
 
+The config is the cell's compiled dict, read once, where a trial is built, into frozen section models
+(config.py: `TrialConfig`, with `task`, `model`, `train` and `eval`) that the trainer reads by field; the
+dict stays the trial's recorded form (its checkpoints are matched against it).
+
 The family stays unnamed here: the model returns raw auxiliary terms by name (weighted by
 `schedules.aux_weights`, logged as train_{term} and {term}_weight), may name parameter groups
 whose gradient norm is worth watching (`grad_norm_groups()`, logged as {group}_grad_norm), and
-fills its diagnostics when evaluated (`forward(..., diagnose=True)`).
+fills its diagnostics when evaluated (`forward(..., diagnose=True)`). Its optional hooks are the
+protocols of hooks.py.
 
 With a checkpoint location, a trial writes checkpoints (checkpoint.py) and resumes from the newest
 intact one: its later records and final metrics are those of a run that never stopped (wall-clock
@@ -37,7 +42,7 @@ from typing import Any
 
 import torch
 
-from ..models import build_model, count_params, get_family
+from ..models import build_model, count_params
 from ..tasks import build_task
 from .checkpoint import (
     Checkpoints,
@@ -45,11 +50,13 @@ from .checkpoint import (
     final_weights,
     open_storage,
 )
+from .config import ModelConfig, TrialConfig
 from .device import Runtime
 from .engine import PlainEngine, train_step
 from .engine import capture_state as _capture  # noqa: F401 - benchmarks/utilisation.py times it
 from .evaluation import EVAL_CHUNK, evaluate, evaluate_and_record, teacher_scores
 from .flops import count_trial, depth_due, sample_depth, trial_metrics
+from .hooks import Configurable, StepDependent, WatchesGradients
 from .optim import make_optimizer
 from .outcomes import Diverged
 from .progress import Progress
@@ -70,6 +77,7 @@ __all__ = [
     "EVAL_CHUNK",
     "HALT_COLLAPSE_FRACTION",
     "Diverged",
+    "TrialConfig",
     "TrialSetup",
     "build_trial",
     "evaluate",
@@ -86,7 +94,7 @@ CheckpointsArg = str | os.PathLike[str] | CheckpointStorage | Checkpoints | None
 
 
 def run_trial(
-    config: dict[str, Any],
+    config: dict[str, Any] | TrialConfig,
     seed: int,
     reporter: Reporter | None = None,
     checkpoints: CheckpointsArg = None,
@@ -96,6 +104,9 @@ def run_trial(
     teacher: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Train and evaluate one (cell config, seed); report records as it goes; return final metrics.
+
+    `config` is the cell's resolved config as compiled (a dict: its recorded form, which checkpoints are
+    matched against), read once here as a `config.TrialConfig` (or given as one, `TrialConfig.of`).
 
     On CPU the same (config, seed, thread count) gives the same final metrics. `checkpoints` (a
     folder, a pyarrow filesystem URI, or a storage object; one per trial) turns checkpointing on:
@@ -116,6 +127,7 @@ def run_trial(
     the storage); the student starts from the weights of its final checkpoint and distils from it.
     """
     reporter = reporter or MemoryReporter()
+    config = TrialConfig.of(config)
     trial = build_trial(config, seed, device, teacher)
     trial.nan_at = nan_at
     if not trial.engine.leader:  # another worker of a distributed trial reports for it
@@ -173,39 +185,41 @@ def _log(trial: TrialSetup, reporter: Reporter, progress: Progress, step: int, r
 
 
 def build_trial(
-    config: dict[str, Any],
+    config: dict[str, Any] | TrialConfig,
     seed: int,
     device: str | torch.device | None = None,
     teacher: dict[str, Any] | None = None,
 ) -> TrialSetup:
-    train, ev = config["train"], config["eval"]
+    config = TrialConfig.of(config)  # the resolved dict read once; a TrialConfig as it is
+    train, ev = config.train, config.eval
     runtime = Runtime.resolve(train, device)  # first: a trial that cannot run fails before any work
     runtime.apply_backends()
     torch.manual_seed(seed)
-    task = build_task(config["task"]["name"], config["task"]["params"], seed)
-    model = build_model(config["model"]["family"], config["model"]["params"], task.facts).to(runtime.device)
+    task = build_task(config.task.name, config.task.params, seed)
+    model = build_model(config.model.family, config.model.params, task.facts).to(runtime.device)
     teacher_model = None
-    if config["model"]["params"].get("teacher") is not None:
+    if config.model.teacher is not None:
         if teacher is None:
             raise ValueError(
-                f"model.params.teacher {config['model']['params']['teacher']!r} was not resolved to a checkpoint; "
+                f"model.params.teacher {config.model.teacher!r} was not resolved to a checkpoint; "
                 "submit the study through studyrunner, or pass run_trial(teacher=...)"
             )
         teacher_model = load_teacher(teacher, task.facts, runtime.device)
         model.convert_from(teacher_model)
-    if hasattr(model, "configure"):  # a family that reads train/eval knobs of its own (train.trajectory)
-        model.configure(train, ev)
+    if isinstance(model, Configurable):  # a family that reads train/eval knobs of its own (train.trajectory)
+        resolved = config.resolved  # the family reads the resolved sections (models/registry.py)
+        model.configure(resolved["train"], resolved["eval"])
     optimizer = make_optimizer(
         model,
-        train["lr"],
-        train["weight_decay"],
-        tuple(train["betas"]),
+        train.lr,
+        train.weight_decay,
+        train.betas,
         fused=runtime.on_cuda,
-        lr_groups=train.get("lr_groups"),
-        param_groups=family_params(config["model"]).param_groups(),
+        lr_groups=train.lr_groups,
+        param_groups=config.model.family_params().param_groups(),
     )
-    held_out = task.validation_sets if ev.get("split") == "validation" else task.eval_sets  # tune: validation
-    splits = {name: runtime.to_device(batch) for name, batch in held_out(ev["examples"]).items()}
+    held_out = task.validation_sets if ev.split == "validation" else task.eval_sets  # tune: validation
+    splits = {name: runtime.to_device(batch) for name, batch in held_out(ev.examples).items()}
     static = {
         "params": float(count_params(model)),
         "effective_depth": float(model.effective_depth),
@@ -214,22 +228,18 @@ def build_trial(
     if teacher_model is not None:  # scored once: the student's claims can name its teacher's numbers
         with runtime.autocast():
             static.update(teacher_scores(teacher_model, task, splits))
-    grad_groups = model.grad_norm_groups() if hasattr(model, "grad_norm_groups") else {}
+    grad_groups = model.grad_norm_groups() if isinstance(model, WatchesGradients) else {}
     step_model = runtime.compiled(model)
-    trial = TrialSetup(train, ev, task, model, optimizer, splits, static, grad_groups, runtime, step_model)
+    trial = TrialSetup(config, task, model, optimizer, splits, static, grad_groups, runtime, step_model)
+    trial.step_hook = model.set_train_step if isinstance(model, StepDependent) else None
     trial.flops = count_trial(trial)  # on the model as built: no engine has wrapped it yet (flops.py)
     trial.engine = make_engine(trial)  # last: DeepSpeed takes over the model and optimizer built above
     return trial
 
 
-def family_params(model: dict[str, Any]):
-    """The validated params of a resolved config's `model` section (what the family declares about it)."""
-    return get_family(model["family"]).params_model.model_validate(model["params"])
-
-
 def make_engine(trial: TrialSetup) -> Engine:
     """The engine `train.engine` names (engine.py); deepspeed is imported only for the trials that use it."""
-    if trial.train.get("engine") == "deepspeed":
+    if trial.train.engine == "deepspeed":
         from .deepspeed_engine import DeepSpeedEngine
 
         return DeepSpeedEngine(trial)
@@ -242,11 +252,14 @@ def weights_bytes(model: torch.nn.Module) -> int:
 
 
 def load_teacher(teacher: dict[str, Any], facts, device: torch.device) -> torch.nn.Module:
-    """The teacher model of a conversion, with the weights of its trial's final checkpoint."""
-    config = teacher["config"]
+    """The teacher model of a conversion, with the weights of its trial's final checkpoint. `teacher` is what
+    the orchestrator resolved (orchestrate/teachers.py): the teacher trial's resolved `config` (its recorded
+    form, which its checkpoints' identity is), `seed` and `checkpoint` location."""
+    recorded = teacher["config"]
+    spec = ModelConfig.of(recorded["model"])  # only its model is read: the rest is its own study's
     with torch.random.fork_rng(devices=[]):  # building it must not move the student's random streams
-        model = build_model(config["model"]["family"], config["model"]["params"], facts)
-    model.load_state_dict(final_weights(teacher["checkpoint"], config, teacher["seed"]))
+        model = build_model(spec.family, spec.params, facts)
+    model.load_state_dict(final_weights(teacher["checkpoint"], recorded, teacher["seed"]))
     return model.to(device)
 
 
@@ -262,7 +275,7 @@ def summary_metrics(trial: TrialSetup, progress: Progress, *, tokens: int | None
     final["train_time_s"] = progress.total_time
     final.pop("lr", None)
     if "ponder_steps_fraction" in progress.last:  # a halting model: did its halting depth collapse?
-        threshold = trial.ev.get("halt_collapse_fraction") or HALT_COLLAPSE_FRACTION
+        threshold = trial.ev.halt_collapse_fraction or HALT_COLLAPSE_FRACTION
         final["halt_collapsed"] = float(progress.last["ponder_steps_fraction"] < threshold)
     return final
 
@@ -271,14 +284,14 @@ def summary_metrics(trial: TrialSetup, progress: Progress, *, tokens: int | None
 
 
 def _open_checkpoints(
-    checkpoints: CheckpointsArg, config: dict[str, Any], seed: int, reporter: Reporter
+    checkpoints: CheckpointsArg, config: TrialConfig, seed: int, reporter: Reporter
 ) -> Checkpoints | None:
     if checkpoints is None or isinstance(checkpoints, Checkpoints):
         return checkpoints
     return Checkpoints(
         open_storage(checkpoints),
-        config=config,
+        config=config.resolved,  # the recorded form: a checkpoint's identity is the compiled dict
         seed=seed,
-        every=config["train"].get("checkpoint_every"),
+        every=config.train.checkpoint_every,
         notify=lambda message: send_note(reporter, message),
     )

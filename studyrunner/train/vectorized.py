@@ -56,9 +56,9 @@ from typing import Any
 import torch
 from torch.func import functional_call, stack_module_state, vmap
 
-from ..models import get_family
 from ..models.core import Attention
 from ..tasks import Batch
+from .config import TrialConfig
 from .evaluation import evaluate_and_record
 from .outcomes import Diverged
 from .prefetch import Prefetcher, prefetch_enabled
@@ -74,9 +74,11 @@ FAMILIES = ("looped",)  # checked to train exactly as separate trials (tests/tes
 _HALTING = ("ut_act", "adaptive_layers")
 
 
-def check_vectorizable(config: dict[str, Any], *, checkpoints: object = None) -> None:
-    """Raise `ValueError` (naming train.vectorize_seeds) where a cell's seeds cannot train together."""
-    family = config["model"]["family"]
+def check_vectorizable(config: TrialConfig | Mapping[str, Any], *, checkpoints: object = None) -> None:
+    """Raise `ValueError` (naming train.vectorize_seeds) where a cell's seeds cannot train together. `config`:
+    the resolved config (the compiler asks with the dict), or it read (`TrialConfig.of`)."""
+    config = TrialConfig.of(config)
+    family = config.model.family
     if family in _HALTING:
         raise ValueError(
             f"{KNOB}: family {family!r} is a halting family: each seed halts its examples at different depths, "
@@ -88,15 +90,15 @@ def check_vectorizable(config: dict[str, Any], *, checkpoints: object = None) ->
             f"{KNOB}: family {family!r} is not supported; seeds are trained together for "
             f"{', '.join(FAMILIES)} only (the families checked to train exactly as separate trials)"
         )
-    params = get_family(family).params_model.model_validate(config["model"]["params"])
+    params = config.model.family_params()
     if "ponder" in params.aux_terms() or "ponder_steps_fraction" in params.diagnostic_names():
         raise ValueError(f"{KNOB}: this model halts (it has a ponder term); halting seeds cannot be batched")
-    if getattr(params, "dropout", 0.0):
+    if params.dropout:
         raise ValueError(
             f"{KNOB} needs model.params.dropout 0 (got {params.dropout}): seeds trained together would draw "
             "their dropout masks from one random stream, so they could not reproduce their separate runs"
         )
-    compile_mode = config["train"].get("compile") or "none"
+    compile_mode = config.train.compile or "none"
     if compile_mode != "none":
         raise ValueError(f"{KNOB} does not work with train.compile ({compile_mode!r}); unset one of them")
     if checkpoints is not None:
@@ -107,7 +109,7 @@ def check_vectorizable(config: dict[str, Any], *, checkpoints: object = None) ->
 
 
 def run_trials_together(
-    config: dict[str, Any],
+    config: dict[str, Any] | TrialConfig,
     seeds: Sequence[int],
     reporters: Sequence[Reporter],
     *,
@@ -121,6 +123,7 @@ def run_trials_together(
     docstring). `device` as in `run_trial`. `checkpoints` is refused (not supported together yet).
     `nan_at` is the testing hook of `run_trial`, per seed: {seed: 1-based step whose loss is made NaN}.
     """
+    config = TrialConfig.of(config)  # read once, for every seed's trial
     check_vectorizable(config, checkpoints=checkpoints)
     seeds = list(seeds)
     if not seeds or len(reporters) != len(seeds):
@@ -166,7 +169,7 @@ def run_trials_together(
                 progress[i].window.add(losses[i], elapsed, aux[i], grad_norms[i], weights)
                 progress[i].add_step(elapsed, tokens)
                 group.member_tokens[i] += group.step_tokens[i]
-            due_eval = done % first.ev["every"] == 0 or done == first.steps
+            due_eval = done % first.ev.every == 0 or done == first.steps
             for i, trial in enumerate(trials):
                 if outcome[i] is not None:
                     continue
@@ -220,9 +223,9 @@ class _Group:
         decayed = [params[n] for n in names if params[n].dim() - 1 >= 2]
         plain = [params[n] for n in names if params[n].dim() - 1 < 2]
         t = self.train
-        groups = [{"params": decayed, "weight_decay": t["weight_decay"]}, {"params": plain, "weight_decay": 0.0}]
+        groups = [{"params": decayed, "weight_decay": t.weight_decay}, {"params": plain, "weight_decay": 0.0}]
         kind = {"fused": True} if self.runtime.on_cuda else {"foreach": True}
-        self.optimizer = torch.optim.AdamW(groups, lr=t["lr"], betas=tuple(t["betas"]), **kind)
+        self.optimizer = torch.optim.AdamW(groups, lr=t.lr, betas=t.betas, **kind)
         # Watched gradient groups (`grad_norm_groups()`), by parameter name; the same for every seed.
         ids = {id(p): n for n, p in models[0].named_parameters()}
         self.grad_groups = {g: [ids[id(p)] for p in ps] for g, ps in trials[0].grad_groups.items()}
@@ -238,7 +241,7 @@ class _Group:
 
     def prefetch_from(self, step: int) -> None:
         """Each seed's batches made ahead in a thread of its own, where that pays (prefetch.py)."""
-        steps, size = self.trials[0].steps, self.train["batch_size"]
+        steps, size = self.trials[0].steps, self.train.batch_size
         if prefetch_enabled(self.runtime.device) and step < steps:
             self.prefetchers = [
                 Prefetcher(lambda s, task=t.task: task.train_batch(s, size), step, steps, device=self.runtime.device)
@@ -254,7 +257,7 @@ class _Group:
         """Every seed's train batch of `step`, on the device (what `TrialSetup.batch` gives each)."""
         if self.prefetchers:
             return [prefetcher.get(step) for prefetcher in self.prefetchers]
-        return [t.runtime.to_device(t.task.train_batch(step, self.train["batch_size"])) for t in self.trials]
+        return [t.runtime.to_device(t.task.train_batch(step, self.train.batch_size)) for t in self.trials]
 
     # ------------------------------------------------------------------------------------- a step
 
@@ -287,7 +290,7 @@ class _Group:
             total = torch.linalg.vector_norm(torch.stack(present), dim=0) if present else torch.zeros(n)
             for i in range(n):
                 grad_norms[i][group] = total[i]
-        clip = self.train["grad_clip"]
+        clip = self.train.grad_clip
         if clip > 0 and grads:
             # Per seed, as clip_grad_norm_ over that seed's parameters: max_norm / (norm + 1e-6), at most 1.
             total = torch.linalg.vector_norm(torch.stack(list(norms.values())), dim=0)

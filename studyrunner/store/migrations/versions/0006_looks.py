@@ -1,8 +1,8 @@
 """looks and look_claims: the looks of a sequential study (`seeds: {start, max}`), one row per look and one per
-claim at each look, written with the registration of the next wave's trials (orchestrate/waves.py).
+claim at each look, written with the registration of the next wave's trials (orchestrate/feeds/waves.py).
 
 Revision ID: 0006
-Revises: 0004 (issue 22; the lead chains 0005 between them when both land)
+Revises: 0005
 """
 
 import sqlalchemy as sa

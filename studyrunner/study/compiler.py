@@ -131,110 +131,21 @@ def _label(overrides: dict[str, Any]) -> str:
 
 
 def compile_study(study: Study) -> CompiledStudy:
-    source, node = study.source, study._node
-    base = {
-        "task": study.task.model_dump(),
-        "model": study.model.model_dump(),
-        "train": study.train.model_dump(),
-        "eval": study.eval.model_dump(),
-    }
-
-    def cell_config(overrides: dict[str, Any], where: tuple | None) -> dict[str, Any]:
-        raw = copy.deepcopy(base)
-        try:
-            for path, value in overrides.items():
-                set_path(raw, path, value)
-            return resolve(raw)
-        except _Invalid as exc:
-            field_path = ".".join(map(str, exc.loc))
-            msg = exc.msg if field_path in overrides else f"{field_path}: {exc.msg}"
-            if where is not None and where[:1] == ("include",) and field_path in overrides:
-                where = (*where, field_path)  # name the entry's path at fault
-            elif where is not None and where[:1] == ("zip",) and field_path in overrides and field_path != where[2]:
-                msg = f"{field_path}: {exc.msg}"  # the row is located by its first path: name the one at fault
-            if where is None:  # a combination of valid axis values: name the cell
-                where, msg = ("grid",), f"cell '{_label(overrides)}': {msg}"
-            elif not overrides:
-                where, msg = exc.loc, exc.msg
-            raise spec_error(source, node, where, msg) from None
-
-    cell_config({}, where=())  # the base config must be valid on its own
-    axes: list[list[dict[str, Any]]] = []
-    for path, values in study.grid.items():
-        for i, value in enumerate(values):
-            cell_config({path: value}, where=("grid", path, i))
-        axes.append([{path: v} for v in values])
-    for g, group in enumerate(study.zip):
-        paths = list(group)
-        rows = [dict(zip(paths, vals, strict=True)) for vals in zip(*group.values(), strict=True)]
-        for i, row in enumerate(rows):
-            cell_config(row, where=("zip", g, paths[0], i))
-        axes.append(rows)
-
-    combos = math.prod(len(axis) for axis in axes)
-    seeds = len(study.seed_values)
-    if combos * seeds > MAX_TRIALS:
-        raise spec_error(
-            source,
-            node,
-            ("grid",),
-            f"{combos:,} cells x {seeds} seeds = {combos * seeds:,} trials; "
-            f"a study holds at most {MAX_TRIALS:,}: split it or use fewer axis values",
-        )
-    excluded = [{p: canonical_json(v) for p, v in partial.items()} for partial in study.exclude]
-    used = [False] * len(excluded)
-    cells: list[Cell] = []
-    seen: dict[str, str] = {}
-    for combo in itertools.product(*axes):
-        overrides = {k: v for part in combo for k, v in part.items()}
-        hits = [all(canonical_json(overrides[p]) == v for p, v in ex.items()) for ex in excluded]
-        if any(hits):
-            used = [u or h for u, h in zip(used, hits, strict=True)]
-            continue
-        config = cell_config(overrides, where=None)
-        h = config_hash(config)
-        label = _label(overrides)
-        if h in seen:
-            raise spec_error(
-                source, node, ("grid",), f"cells '{seen[h]}' and '{label}' resolve to the same config; drop one value"
-            )
-        seen[h] = label
-        cells.append(Cell(h, config, overrides, label))
-    for i, extra in enumerate(study.include):  # after exclude, as in CI matrices: an included cell always runs
-        config = cell_config(extra, where=("include", i))
-        h = config_hash(config)
-        label = _label(extra)
-        if h in seen:
-            raise spec_error(
-                source, node, ("include", i), f"resolves to the same config as cell '{seen[h]}'; drop one of them"
-            )
-        seen[h] = label
-        cells.append(Cell(h, config, dict(extra), label))
+    """The study's cells (grid x zip, minus exclude, plus include and baselines) and their first trials."""
+    build = _CellConfigs(study)
+    build({}, where=())  # the base config must be valid on its own
+    axes = _axes(study, build)
+    _check_size(study, axes)
+    cells, seen, warnings = _grid_cells(study, axes, build)
+    cells += _included_cells(study, build, seen)
     if not cells:
-        raise spec_error(source, node, ("exclude",), "every cell is excluded; nothing would run")
-    warnings = [
-        str(spec_error(source, node, ("exclude", i), "matches no cell; check its values against the axes"))
-        for i, hit in enumerate(used)
-        if not hit
-    ]
+        raise spec_error(study.source, study._node, ("exclude",), "every cell is excluded; nothing would run")
     if study.search is not None:
         return _compile_search(study, cells, warnings)
     cells = _with_baselines(study, cells)
     if problem := resources_problem(study.resources, [c.config["train"] for c in cells]):
-        raise spec_error(source, node, *problem)
-
-    if study.sequential is not None and not study.claims:
-        warnings.append(
-            str(
-                spec_error(
-                    source,
-                    node,
-                    ("seeds",),
-                    f"sequential seeds without claims: every cell runs its first {study.sequential.start} seeds and "
-                    "no more (no claim asks for more); add claims, or give the seeds to run as a list",
-                )
-            )
-        )
+        raise spec_error(study.source, study._node, *problem)
+    warnings += _sequential_without_claims(study)
     trials = [
         Trial(trial_key(study.name, c.cell_hash, s), study.name, c.cell_hash, s, c.config, c.label)
         for c in cells
@@ -245,6 +156,128 @@ def compile_study(study: Study) -> CompiledStudy:
     if study.tune is not None:
         _check_tunable(compiled)
     return compiled
+
+
+class _CellConfigs:
+    """A cell's resolved config from the study's base and the cell's overrides; an invalid one is a one-line
+    error that names where in the study file it comes from (`where`: a grid value, a zip row, an include
+    entry; None for a combination of valid axis values, which names the cell)."""
+
+    def __init__(self, study: Study):
+        self.source, self.node = study.source, study._node
+        self.base = {
+            "task": study.task.model_dump(),
+            "model": study.model.model_dump(),
+            "train": study.train.model_dump(),
+            "eval": study.eval.model_dump(),
+        }
+
+    def __call__(self, overrides: dict[str, Any], where: tuple | None) -> dict[str, Any]:
+        raw = copy.deepcopy(self.base)
+        try:
+            for path, value in overrides.items():
+                set_path(raw, path, value)
+            return resolve(raw)
+        except _Invalid as exc:
+            raise self._error(exc, overrides, where) from None
+
+    def _error(self, exc: _Invalid, overrides: dict[str, Any], where: tuple | None) -> Exception:
+        field_path = ".".join(map(str, exc.loc))
+        msg = exc.msg if field_path in overrides else f"{field_path}: {exc.msg}"
+        if where is not None and where[:1] == ("include",) and field_path in overrides:
+            where = (*where, field_path)  # name the entry's path at fault
+        elif where is not None and where[:1] == ("zip",) and field_path in overrides and field_path != where[2]:
+            msg = f"{field_path}: {exc.msg}"  # the row is located by its first path: name the one at fault
+        if where is None:  # a combination of valid axis values: name the cell
+            where, msg = ("grid",), f"cell '{_label(overrides)}': {msg}"
+        elif not overrides:
+            where, msg = exc.loc, exc.msg
+        return spec_error(self.source, self.node, where, msg)
+
+
+def _axes(study: Study, build: _CellConfigs) -> list[list[dict[str, Any]]]:
+    """One axis per grid path and per zip group, each value checked on its own first."""
+    axes: list[list[dict[str, Any]]] = []
+    for path, values in study.grid.items():
+        for i, value in enumerate(values):
+            build({path: value}, where=("grid", path, i))
+        axes.append([{path: v} for v in values])
+    for g, group in enumerate(study.zip):
+        paths = list(group)
+        rows = [dict(zip(paths, vals, strict=True)) for vals in zip(*group.values(), strict=True)]
+        for i, row in enumerate(rows):
+            build(row, where=("zip", g, paths[0], i))
+        axes.append(rows)
+    return axes
+
+
+def _check_size(study: Study, axes: list[list[dict[str, Any]]]) -> None:
+    combos = math.prod(len(axis) for axis in axes)
+    seeds = len(study.seed_values)
+    if combos * seeds > MAX_TRIALS:
+        raise spec_error(
+            study.source,
+            study._node,
+            ("grid",),
+            f"{combos:,} cells x {seeds} seeds = {combos * seeds:,} trials; "
+            f"a study holds at most {MAX_TRIALS:,}: split it or use fewer axis values",
+        )
+
+
+def _grid_cells(
+    study: Study, axes: list[list[dict[str, Any]]], build: _CellConfigs
+) -> tuple[list[Cell], dict[str, str], list[str]]:
+    """The axes' product minus `exclude`; the hashes seen (label by hash) and a warning per unused exclude."""
+    excluded = [{p: canonical_json(v) for p, v in partial.items()} for partial in study.exclude]
+    used = [False] * len(excluded)
+    cells: list[Cell] = []
+    seen: dict[str, str] = {}
+    for combo in itertools.product(*axes):
+        overrides = {k: v for part in combo for k, v in part.items()}
+        hits = [all(canonical_json(overrides[p]) == v for p, v in ex.items()) for ex in excluded]
+        if any(hits):
+            used = [u or h for u, h in zip(used, hits, strict=True)]
+            continue
+        cells.append(_new_cell(study, build(overrides, where=None), overrides, seen, ("grid",)))
+    warnings = [
+        str(spec_error(study.source, study._node, ("exclude", i), "matches no cell; check its values against the axes"))
+        for i, hit in enumerate(used)
+        if not hit
+    ]
+    return cells, seen, warnings
+
+
+def _included_cells(study: Study, build: _CellConfigs, seen: dict[str, str]) -> list[Cell]:
+    # after exclude, as in CI matrices: an included cell always runs
+    return [
+        _new_cell(study, build(extra, where=("include", i)), dict(extra), seen, ("include", i))
+        for i, extra in enumerate(study.include)
+    ]
+
+
+def _new_cell(study: Study, config: dict[str, Any], overrides: dict[str, Any], seen: dict[str, str], where) -> Cell:
+    """A cell, refused when it resolves to the config of one already made (two names for one experiment)."""
+    h = config_hash(config)
+    label = _label(overrides)
+    if h in seen:
+        msg = (
+            f"cells '{seen[h]}' and '{label}' resolve to the same config; drop one value"
+            if where == ("grid",)
+            else f"resolves to the same config as cell '{seen[h]}'; drop one of them"
+        )
+        raise spec_error(study.source, study._node, where, msg)
+    seen[h] = label
+    return Cell(h, config, overrides, label)
+
+
+def _sequential_without_claims(study: Study) -> list[str]:
+    if study.sequential is None or study.claims:
+        return []
+    msg = (
+        f"sequential seeds without claims: every cell runs its first {study.sequential.start} seeds and "
+        "no more (no claim asks for more); add claims, or give the seeds to run as a list"
+    )
+    return [str(spec_error(study.source, study._node, ("seeds",), msg))]
 
 
 def _check_tunable(compiled: CompiledStudy) -> None:

@@ -25,84 +25,99 @@ def _key(config: dict) -> str:
 
 
 def check_feasible(compiled: CompiledStudy) -> None:
-    study = compiled.study
-    source, node = study.source, study._node
-    reported: set[str] = set(TRAINER_METRICS)
+    """Refuse a cell that cannot run, warn of one that repeats its eval problems, and check that some trial
+    reports the study's metric and every metric its claims name."""
     tasks: dict[str, object] = {}
+    reported = _Reported(compiled, tasks)
     for cell in compiled.cells:
-        task_cfg, examples = cell.config["task"], cell.config["eval"]["examples"]
-        key = _key(task_cfg)
+        key = _key(cell.config["task"])
         if key not in tasks:
-            tasks[key] = build_task(task_cfg["name"], task_cfg["params"], seed=0)
-        task = tasks[key]
-        splits = task.split_names()
-        tokens = examples * task.facts.seq_len * len(splits)
-        if tokens > MAX_EVAL_TOKENS:
-            raise spec_error(
+            tasks[key] = build_task(cell.config["task"]["name"], cell.config["task"]["params"], seed=0)
+        reported.names |= _check_cell(compiled, cell, tasks[key])
+    study = compiled.study
+    metric = study.metric.name
+    if not reported(metric):
+        near = sorted(n for n in reported.names if n.split("_")[0] == metric.split("_")[0]) or sorted(reported.names)
+        raise spec_error(
+            study.source,
+            study._node,
+            ("metric", "name"),
+            f"no trial of this study reports {metric!r}; reported: {', '.join(near)}",
+        )
+    check_claims(compiled, reported, reported.every_name)
+
+
+def _check_cell(compiled: CompiledStudy, cell, task) -> set[str]:
+    """One cell's eval set and family against its task; the metrics its trials report (without the family's
+    diagnostics, which `_Reported` probes only when needed)."""
+    source, node = compiled.study.source, compiled.study._node
+    examples = cell.config["eval"]["examples"]
+    splits = task.split_names()
+    tokens = examples * task.facts.seq_len * len(splits)
+    if tokens > MAX_EVAL_TOKENS:
+        raise spec_error(
+            source,
+            node,
+            ("eval", "examples"),
+            f"cell '{cell.label}': {examples:,} examples x {len(splits)} splits x {task.facts.seq_len} tokens "
+            f"= {tokens:,} eval tokens; at most {MAX_EVAL_TOKENS:,} fit in memory",
+        )
+    capacity = task.eval_capacity()
+    if capacity is not None and examples > capacity:
+        warning = str(
+            spec_error(
                 source,
                 node,
                 ("eval", "examples"),
-                f"cell '{cell.label}': {examples:,} examples x {len(splits)} splits x {task.facts.seq_len} tokens "
-                f"= {tokens:,} eval tokens; at most {MAX_EVAL_TOKENS:,} fit in memory",
+                f"cell '{cell.label}': {examples:,} examples but the task has only {capacity:,} distinct eval "
+                "problems per split, so the eval set repeats them",
             )
-        capacity = task.eval_capacity()
-        if capacity is not None and examples > capacity:
-            warning = str(
-                spec_error(
-                    source,
-                    node,
-                    ("eval", "examples"),
-                    f"cell '{cell.label}': {examples:,} examples but the task has only {capacity:,} distinct eval "
-                    "problems per split, so the eval set repeats them",
-                )
-            )
-            if warning not in compiled.warnings:
-                compiled.warnings.append(warning)
-        family_params = get_family(cell.config["model"]["family"]).params_model.model_validate(
-            cell.config["model"]["params"]
         )
-        if problem := family_params.facts_problem(task.facts):
-            raise spec_error(source, node, ("model", "family"), f"cell '{cell.label}': {problem}")
-        task_metrics = task.reported_metrics()
-        reported |= task_metrics
-        # other depths (eval.loops, eval.budgets): eval_accuracy_loops_8, eval_loss_budget_4, ...
-        headline = ["eval_loss", *(f"eval_{kind}" for kind in task.metric_kinds)]
-        grid = cell.config["model"]["params"].get("loops")
-        reported |= depth_metric_names(cell.config["eval"], task_metrics, headline, grid)
-        if family_params.supports_decoding():  # a task that decodes, on a family with a KV cache
-            reported |= task.decode_metric_names()
-        if cell.config["model"]["params"].get("teacher") is not None:  # a conversion scores its teacher too
-            reported |= teacher_metric_names(task)
+        if warning not in compiled.warnings:
+            compiled.warnings.append(warning)
+    params = cell.config["model"]["params"]
+    family_params = get_family(cell.config["model"]["family"]).params_model.model_validate(params)
+    if problem := family_params.facts_problem(task.facts):
+        raise spec_error(source, node, ("model", "family"), f"cell '{cell.label}': {problem}")
+    task_metrics = task.reported_metrics()
+    reported = set(task_metrics)
+    # other depths (eval.loops, eval.budgets): eval_accuracy_loops_8, eval_loss_budget_4, ...
+    headline = ["eval_loss", *(f"eval_{kind}" for kind in task.metric_kinds)]
+    reported |= depth_metric_names(cell.config["eval"], task_metrics, headline, params.get("loops"))
+    if family_params.supports_decoding():  # a task that decodes, on a family with a KV cache
+        reported |= task.decode_metric_names()
+    if params.get("teacher") is not None:  # a conversion scores its teacher too
+        reported |= teacher_metric_names(task)
+    return reported
 
-    probed: set[str] = set()
 
-    def reports(metric: str) -> bool:
-        """Whether a trial reports `metric`; the families' diagnostics are probed only when needed."""
-        if metric in reported:
+class _Reported:
+    """Whether some trial of the study reports a metric. The families' diagnostics depend on their params, so
+    they are learned by building a few model configs on the meta device, only when a name is not known yet."""
+
+    def __init__(self, compiled: CompiledStudy, tasks: dict[str, object]):
+        self.compiled, self.tasks = compiled, tasks
+        self.names: set[str] = set(TRAINER_METRICS)
+        self.probed: set[str] = set()
+
+    def __call__(self, metric: str) -> bool:
+        if metric in self.names:
             return True
-        for cell in compiled.cells:  # diagnostics depend on the family's params: probe a few configs
+        for cell in self.compiled.cells:
             key = _key(cell.config["model"])
-            if key in probed or len(probed) >= MAX_MODELS_PROBED:
+            if key in self.probed or len(self.probed) >= MAX_MODELS_PROBED:
                 continue
-            probed.add(key)
-            task = tasks[_key(cell.config["task"])]
+            self.probed.add(key)
+            task = self.tasks[_key(cell.config["task"])]
             import torch
 
             with torch.device("meta"):
                 model = build_model(cell.config["model"]["family"], cell.config["model"]["params"], task.facts)
-            reported.update(getattr(model, "diagnostic_names", ()))
-            if metric in reported:
+            self.names.update(getattr(model, "diagnostic_names", ()))
+            if metric in self.names:
                 return True
         return False
 
-    def every_name() -> set[str]:
-        reports("")  # probe every config (up to the cap)
-        return reported
-
-    metric = study.metric.name
-    if not reports(metric):
-        near = sorted(n for n in reported if n.split("_")[0] == metric.split("_")[0]) or sorted(reported)
-        raise spec_error(
-            source, node, ("metric", "name"), f"no trial of this study reports {metric!r}; reported: {', '.join(near)}"
-        )
-    check_claims(compiled, reports, every_name)
+    def every_name(self) -> set[str]:
+        self("")  # probe every config (up to the cap)
+        return self.names

@@ -126,99 +126,52 @@ def print_verdicts(verdicts: list[Verdict], console: Console, holm: bool = False
             console.print(Text(f"claim {i + 1} ({v.claim}): {text}"), soft_wrap=True)
 
 
+GROUP_COLUMNS = {
+    "n": "n",
+    "alpha": "α",
+    "alpha_lo": "α lo",
+    "alpha_hi": "α hi",
+    "r2": "R²",
+    "ref": "ref",
+    "ratio": "α/α_ref",
+    "ratio_lo": "lo",
+    "ratio_hi": "hi",
+    "ci": "interval",
+    "flags": "flags",
+}
+PAIRED_COLUMNS = {
+    "cell_a": "a",
+    "cell_b": "b",
+    "differs_in": "differs in",
+    "pairs": "seeds",
+    "diff_b_minus_a": "b − a",
+    "t_lo": "t lo",
+    "t_hi": "t hi",
+    "p_b_better": "P(b better)",
+}
+SOLVE_COLUMNS = {
+    "cell": "cell",
+    "solved": "solved",
+    "seeds": "seeds",
+    "median_step": "median step (KM)",
+    "first_step": "first",
+    "last_step": "last",
+}
+
+
 def print_analysis(a: Analysis, console: Console) -> None:
+    """What `analyze` prints: the cells, the scaling fits, then every comparison the study has data for."""
     console.print(Text(a.header()), soft_wrap=True)
     if a.chance_source:
         console.print(Text(f"chance level of {a.metric}: {fmt(a.chance, 3)} = {a.chance_source}"), soft_wrap=True)
     console.print(cells_table(a))
     if a.fits:
-        console.print(
-            frame_table(
-                f"fits of {a.metric} against effective depth D (best BIC first; flagged fits last)",
-                a.fit_table,
-                FIT_COLUMNS,
-            )
-        )
+        title = f"fits of {a.metric} against effective depth D (best BIC first; flagged fits last)"
+        console.print(frame_table(title, a.fit_table, FIT_COLUMNS))
     else:
         console.print(Text("no scaling fit: fewer than two distinct effective depths among successful seeds"))
-    if len(a.groups):
-        console.print(
-            frame_table(
-                f"log-linear fit per {a.group_by}",
-                a.groups,
-                {
-                    a.group_by: a.group_by,
-                    "n": "n",
-                    "alpha": "α",
-                    "alpha_lo": "α lo",
-                    "alpha_hi": "α hi",
-                    "r2": "R²",
-                    "ref": "ref",
-                    "ratio": "α/α_ref",
-                    "ratio_lo": "lo",
-                    "ratio_hi": "hi",
-                    "ci": "interval",
-                    "flags": "flags",
-                },  # fmt: skip
-            )
-        )
-    if len(a.families):
-        console.print(
-            frame_table(
-                f"log-linear fit of {a.metric} against D per family: looped lines vs stacked (loops=1) cells",
-                a.families,
-                FAMILY_COLUMNS,
-            )
-        )
-    if len(a.equal_depth):
-        console.print(
-            frame_table(
-                "looped vs stacked at equal effective depth, and vs baselines (looped − other)",
-                a.equal_depth,
-                EQUAL_DEPTH_COLUMNS,
-            )
-        )
-    if len(a.gap):
-        console.print(
-            frame_table(
-                "%Gap = 100·(looped − iso_param)/(iso_flop − iso_param)",
-                a.gap,
-                GAP_COLUMNS,
-            )
-        )
-    if len(a.paired):
-        console.print(
-            frame_table(
-                "paired comparisons over shared seeds (b − a)",
-                a.paired,
-                {
-                    "cell_a": "a",
-                    "cell_b": "b",
-                    "differs_in": "differs in",
-                    "pairs": "seeds",
-                    "diff_b_minus_a": "b − a",
-                    "t_lo": "t lo",
-                    "t_hi": "t hi",
-                    "p_b_better": "P(b better)",
-                },  # fmt: skip
-            )
-        )
-    if len(a.time_to_solve_cells):
-        threshold = fmt(a.time_to_solve_cells.threshold.iloc[0])
-        console.print(
-            frame_table(
-                f"time to solve ({a.metric} reaching {threshold}: {a.threshold_source})",
-                a.time_to_solve_cells,
-                {
-                    "cell": "cell",
-                    "solved": "solved",
-                    "seeds": "seeds",
-                    "median_step": "median step (KM)",
-                    "first_step": "first",
-                    "last_step": "last",
-                },  # fmt: skip
-            )
-        )
+    for title, frame, columns in _comparison_tables(a):
+        console.print(frame_table(title, frame, columns))
     if len(a.search):
         console.print(search_table(a))
         for row in best_points(a.search).itertuples():
@@ -231,6 +184,26 @@ def print_analysis(a: Analysis, console: Console) -> None:
             )
     if a.verdicts:
         print_verdicts(a.verdicts, console)
+
+
+def _comparison_tables(a: Analysis):
+    """(title, frame, columns) of each comparison table with rows, in the order `analyze` prints them."""
+    if len(a.groups):
+        yield f"log-linear fit per {a.group_by}", a.groups, {a.group_by: a.group_by, **GROUP_COLUMNS}
+    if len(a.families):
+        title = f"log-linear fit of {a.metric} against D per family: looped lines vs stacked (loops=1) cells"
+        yield title, a.families, FAMILY_COLUMNS
+    if len(a.equal_depth):
+        title = "looped vs stacked at equal effective depth, and vs baselines (looped − other)"
+        yield title, a.equal_depth, EQUAL_DEPTH_COLUMNS
+    if len(a.gap):
+        yield "%Gap = 100·(looped − iso_param)/(iso_flop − iso_param)", a.gap, GAP_COLUMNS
+    if len(a.paired):
+        yield "paired comparisons over shared seeds (b − a)", a.paired, PAIRED_COLUMNS
+    if len(a.time_to_solve_cells):
+        threshold = fmt(a.time_to_solve_cells.threshold.iloc[0])
+        title = f"time to solve ({a.metric} reaching {threshold}: {a.threshold_source})"
+        yield title, a.time_to_solve_cells, SOLVE_COLUMNS
 
 
 def search_table(a: Analysis) -> Table:

@@ -335,26 +335,62 @@ def _trials_table(a: Analysis, ui: str | None) -> dict:
     return {"rows": rows}
 
 
+FIT_TABLE_COLUMNS = {
+    "form": "form", "n": "n", "alpha": "α", "alpha_lo": "α lo", "alpha_hi": "α hi", "beta": "β",
+    "c": "c", "k": "k", "m": "m", "E": "E", "A": "A", "gamma": "γ", "gamma_lo": "γ lo", "gamma_hi": "γ hi",
+    "top": "top", "top_lo": "top lo", "top_hi": "top hi",
+    "r2": "R²", "rmse": "RMSE", "aic": "AIC", "bic": "BIC", "extrapolation_error": "leave-largest-D-out error",
+    "ci": "interval", "flags": "flags", "depth": "D from",
+}  # fmt: skip
+GROUP_TABLE_COLUMNS = {
+    "n": "n", "alpha": "α", "alpha_lo": "α lo", "alpha_hi": "α hi", "r2": "R²", "ref": "ref",
+    "ratio": "α / α_ref", "ratio_lo": "lo", "ratio_hi": "hi", "ci": "interval", "flags": "flags",
+}  # fmt: skip
+PAIRED_TABLE_COLUMNS = {
+    "cell_a": "a", "cell_b": "b", "differs_in": "differs in", "pairs": "shared seeds", "diff_b_minus_a": "b − a",
+    "t_lo": "t lo", "t_hi": "t hi", "boot_lo": "BCa lo (10+ pairs)", "boot_hi": "BCa hi (10+ pairs)",
+    "p_b_better": "P(b better)",
+}  # fmt: skip
+SOLVE_TABLE_COLUMNS = {
+    "cell": "cell", "solved": "solved", "seeds": "seeds", "median_step": "median step (Kaplan-Meier)",
+    "first_step": "first", "last_step": "last", "threshold": "threshold",
+}  # fmt: skip
+
+
 def render(a: Analysis, ui: str | None = None) -> str:
     """The report as one HTML string."""
     from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-    from .fits import scaling_points
-
-    d = a.data
     env = Environment(loader=FileSystemLoader(template_dir()), autoescape=select_autoescape(["html", "j2"]))
     env.tests["wraps"] = _wraps
-    fit_cols = {
-        "form": "form", "n": "n", "alpha": "α", "alpha_lo": "α lo", "alpha_hi": "α hi", "beta": "β",
-        "c": "c", "k": "k", "m": "m", "E": "E", "A": "A", "gamma": "γ", "gamma_lo": "γ lo", "gamma_hi": "γ hi",
-        "top": "top", "top_lo": "top lo", "top_hi": "top hi",
-        "r2": "R²", "rmse": "RMSE", "aic": "AIC", "bic": "BIC", "extrapolation_error": "leave-largest-D-out error",
-        "ci": "interval", "flags": "flags", "depth": "D from",
-    }  # fmt: skip
-    group_cols = {a.group_by or "": a.group_by or "", "n": "n", "alpha": "α", "alpha_lo": "α lo", "alpha_hi": "α hi",
-                  "r2": "R²", "ref": "ref", "ratio": "α / α_ref", "ratio_lo": "lo", "ratio_hi": "hi",
-                  "ci": "interval", "flags": "flags"}  # fmt: skip
-    verdicts = [
+    d = a.data
+    context = {
+        "study": d.name,
+        "header": a.header(),
+        "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "source": mask_url(d.source),  # "ledger URL": uploaded to MLflow with the report
+        "metric": a.metric,
+        "mode": d.mode,
+        "missing": d.missing,
+        "claims": _claim_rows(a),
+        "claims_level": _claims_level(a.verdicts),
+        "cells": _cells_table(a),
+        "threshold": fmt(a.threshold) if np.isfinite(a.threshold) else "",
+        "threshold_source": a.threshold_source,
+        "chance": fmt(a.chance, 3) if np.isfinite(a.chance) else "",
+        "chance_source": a.chance_source,
+        "failure_depth": a.failure_depth,
+        "trials": _trials_table(a, ui),
+        "runs_url": runs_url(ui, d.experiment_id) if d.experiment_id else None,
+        **_figures(a),
+        **_analysis_tables(a),
+    }
+    return env.get_template(TEMPLATE).render(**context)
+
+
+def _claim_rows(a: Analysis) -> list[dict]:
+    """Each claim as the report shows it: verdict, both sides, interval, detail and its threats."""
+    return [
         {
             **v.row(),
             "difference": fmt(v.lhs - v.rhs if v.scale else v.estimate),
@@ -370,17 +406,13 @@ def render(a: Analysis, ui: str | None = None) -> str:
         }
         for v, found in zip(a.verdicts, a.threats or [[] for _ in a.verdicts], strict=True)
     ]
-    context = {
-        "study": d.name,
-        "header": a.header(),
-        "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "source": mask_url(d.source),  # "ledger URL": uploaded to MLflow with the report
-        "metric": a.metric,
-        "mode": d.mode,
-        "missing": d.missing,
-        "claims": verdicts,
-        "claims_level": _claims_level(a.verdicts),
-        "cells": _cells_table(a),
+
+
+def _figures(a: Analysis) -> dict:
+    from .fits import scaling_points
+
+    d = a.data
+    return {
         "strip": strip_plot(a),
         "failures": failure_plot(a),
         "profile": profile_plot(a),
@@ -388,52 +420,22 @@ def render(a: Analysis, ui: str | None = None) -> str:
         "loops_img": fit_plot(
             a.loops_fits, scaling_points(d, a.metric, source="loops"), a.metric, "test-time depth (eval.loops)", a
         ),
+        "curves": curve_plots(a),
+    }
+
+
+def _analysis_tables(a: Analysis) -> dict:
+    """The fit and comparison tables, None where the study has no rows for one."""
+    group_columns = {a.group_by or "": a.group_by or "", **GROUP_TABLE_COLUMNS}
+    return {
         "families": _table(a.families, FAMILY_COLUMNS) if len(a.families) else None,
         "equal_depth": _table(a.equal_depth, EQUAL_DEPTH_COLUMNS) if len(a.equal_depth) else None,
-        "threshold": fmt(a.threshold) if np.isfinite(a.threshold) else "",
-        "threshold_source": a.threshold_source,
-        "chance": fmt(a.chance, 3) if np.isfinite(a.chance) else "",
-        "chance_source": a.chance_source,
-        "fits": _table(a.fit_table, fit_cols) if len(a.fits) else None,
-        "groups": _table(a.groups, group_cols) if len(a.groups) else None,
+        "fits": _table(a.fit_table, FIT_TABLE_COLUMNS) if len(a.fits) else None,
+        "groups": _table(a.groups, group_columns) if len(a.groups) else None,
         "gap": _table(a.gap, GAP_COLUMNS) if len(a.gap) else None,
-        "paired": _table(
-            a.paired,
-            {
-                "cell_a": "a",
-                "cell_b": "b",
-                "differs_in": "differs in",
-                "pairs": "shared seeds",
-                "diff_b_minus_a": "b − a",
-                "t_lo": "t lo",
-                "t_hi": "t hi",
-                "boot_lo": "BCa lo (10+ pairs)",
-                "boot_hi": "BCa hi (10+ pairs)",
-                "p_b_better": "P(b better)",
-            },
-        )  # fmt: skip
-        if len(a.paired)
-        else None,
-        "tts": _table(
-            a.time_to_solve_cells,
-            {
-                "cell": "cell",
-                "solved": "solved",
-                "seeds": "seeds",
-                "median_step": "median step (Kaplan-Meier)",
-                "first_step": "first",
-                "last_step": "last",
-                "threshold": "threshold",
-            },
-        )  # fmt: skip
-        if len(a.time_to_solve_cells)
-        else None,
-        "failure_depth": a.failure_depth,
-        "curves": curve_plots(a),
-        "trials": _trials_table(a, ui),
-        "runs_url": runs_url(ui, d.experiment_id) if d.experiment_id else None,
+        "paired": _table(a.paired, PAIRED_TABLE_COLUMNS) if len(a.paired) else None,
+        "tts": _table(a.time_to_solve_cells, SOLVE_TABLE_COLUMNS) if len(a.time_to_solve_cells) else None,
     }
-    return env.get_template(TEMPLATE).render(**context)
 
 
 def write_report(

@@ -232,15 +232,7 @@ def _claim_look(
     v = claim_test(data, entry)
     if v.verdict == VerdictKind.INVALID:
         return ClaimLook(index, text, ClaimState.INVALID, decided_at=number, detail=v.detail, cells=cells)
-    # Information is seeds per side over `max` (a pooled side's values are one per seed: its seeds, not its
-    # trials); a failure rate counts trials, a side's cells × max of them at `max`.
-    capacity = [
-        design.max * max(1, len(side)) if q.kind == "failure_rate" else design.max
-        for q, side in zip(claim.quantities, by_side, strict=True)
-    ]
-    used = list(v.seeds) if len(v.seeds) == len(capacity) else [0] * len(capacity)
-    ended = all(seeds.get(c, 0) >= design.max for c in cells)
-    fraction = 1.0 if ended else min(1.0, min(u / k for u, k in zip(used, capacity, strict=True)))
+    used, fraction, ended = _information(design, claim, by_side, v, cells, seeds)
     fractions = [c.fraction for c in earlier if c.analysed]
     out = ClaimLook(
         index,
@@ -264,52 +256,17 @@ def _claim_look(
     # `opposite` one does. A test's p meets the boundary; the anytime-valid gate meets the level itself (it needs
     # no spending). A fixed test's p already holds both.
     tests = v.extra.get("tests") or {"claimed": [(v.p_claimed, 0.0)], "opposite": [(v.p_opposite, 0.0)]}
-
-    def crosses(t: float, g: float) -> bool:
-        return bool(t < nominal and g <= level.alpha)
-
-    def repeated(t: float, g: float) -> float:
-        # p 0 (an exact difference: every seed the same) is z = +inf, whose repeated p is 0, not unknown
-        z = float(norm.isf(t)) if not math.isnan(t) else math.nan
-        return max(level.p_value(tuple(fractions), z), g) if not math.isnan(z) else math.nan
-
     claimed, opposite = tests["claimed"], tests["opposite"]
     p_claimed = max(float(t) for t, _ in claimed)
-    p_opposite = min(float(t) for t, _ in opposite)
     out.analysed, out.fraction, out.boundary, out.nominal = True, fraction, boundary, nominal
-    out.p_claimed, out.p_opposite = p_claimed, p_opposite
+    out.p_claimed, out.p_opposite = p_claimed, min(float(t) for t, _ in opposite)
     out.z = float(norm.isf(p_claimed)) if np.isfinite(p_claimed) else math.nan
-    seeds_now = fraction * design.max  # seeds per side the information stands for
     held = v.extra.get("held")  # a margin claim below 5 seeds per side (decide._margin_floor): no crossing yet
-    if not held and all(crosses(t, g) for t, g in claimed):
-        out.state = ClaimState.SUPPORTED
-    elif not held and any(crosses(t, g) for t, g in opposite):
-        out.state = ClaimState.CONTRADICTED
-    elif ended:
-        out.state = ClaimState.ENDED
-    elif "has no known range" in v.detail and not np.isfinite(p_claimed):
-        out.state, out.detail = ClaimState.FUTILE, "futile: " + v.detail.split("; ")[0]  # no seed count can decide it
-    elif seeds_now >= MIN_FUTILITY_SEEDS - 1e-9:
-        if claim.op == EQUIVALENT:
-            why = _equivalence_futility(claimed, design, level.level, tuple(fractions))
-            why = why or _gate_futility(v, design, equivalence=True)
-        else:
-            opposite_z = float(norm.isf(p_opposite)) if np.isfinite(p_opposite) else math.nan
-            why = _futility(data, claim, entry, v, design, level, tuple(fractions), out.z, opposite_z, design.max)
-            why = why or _gate_futility(v, design)
-        if why is not None:
-            out.state, out.needed, out.detail = ClaimState.FUTILE, why[0], why[1]
-    if held and out.state == ClaimState.SAMPLING:
-        out.detail = held
+    crosses = lambda t, g: bool(t < nominal and g <= level.alpha)  # noqa: E731
+    _decide(out, data, claim, entry, v, design, level, tuple(fractions), crosses, held, ended)
     if out.state in TERMINAL:
         out.decided_at = number
-        if out.state == ClaimState.CONTRADICTED:
-            found = [repeated(t, g) for t, g in opposite]
-            out.p_sequential = min(p for p in found if np.isfinite(p))
-        else:
-            found = [repeated(t, g) for t, g in claimed]
-            out.p_sequential = max(found) if all(np.isfinite(found)) else math.nan
-        out.p_sequential = min(1.0, out.p_sequential / min(1.0, weight))  # on alpha's scale: below it iff crossed
+        out.p_sequential = _sequential_p(out, claimed, opposite, level, tuple(fractions), weight)
     shown = claim_test(data, entry, nominal) if intervals and nominal != design.alpha else v
     out.estimate, out.lo, out.hi = shown.estimate, shown.lo, shown.hi
     detail = f"look {number}: one-sided p {p_claimed:.3g} vs nominal {nominal:.3g} (t = {fraction:.2f})"
@@ -320,6 +277,63 @@ def _claim_look(
         detail += f"; held back by the distribution-free bound (p {gated:.3g} > {level.alpha:g})"
     out.detail = f"{detail}; {out.detail}" if out.detail else detail
     return out
+
+
+def _information(design: Design, claim, by_side, v, cells: list[str], seeds: dict[str, int]):
+    """Seeds used per side, the information fraction, and whether every cell is at `max`. Information is seeds
+    per side over `max` (a pooled side's values are one per seed: its seeds, not its trials); a failure rate
+    counts trials, a side's cells x max of them at `max`."""
+    capacity = [
+        design.max * max(1, len(side)) if q.kind == "failure_rate" else design.max
+        for q, side in zip(claim.quantities, by_side, strict=True)
+    ]
+    used = list(v.seeds) if len(v.seeds) == len(capacity) else [0] * len(capacity)
+    ended = all(seeds.get(c, 0) >= design.max for c in cells)
+    fraction = 1.0 if ended else min(1.0, min(u / k for u, k in zip(used, capacity, strict=True)))
+    return used, fraction, ended
+
+
+def _decide(out: ClaimLook, data, claim, entry, v, design, level, fractions, crosses, held, ended) -> None:
+    """The look's state: crossed for the claim or against it, ended at `max`, or stopped for futility."""
+    tests = v.extra.get("tests") or {"claimed": [(v.p_claimed, 0.0)], "opposite": [(v.p_opposite, 0.0)]}
+    claimed, opposite = tests["claimed"], tests["opposite"]
+    seeds_now = out.fraction * design.max  # seeds per side the information stands for
+    if not held and all(crosses(t, g) for t, g in claimed):
+        out.state = ClaimState.SUPPORTED
+    elif not held and any(crosses(t, g) for t, g in opposite):
+        out.state = ClaimState.CONTRADICTED
+    elif ended:
+        out.state = ClaimState.ENDED
+    elif "has no known range" in v.detail and not np.isfinite(out.p_claimed):
+        out.state, out.detail = ClaimState.FUTILE, "futile: " + v.detail.split("; ")[0]  # no seed count can decide it
+    elif seeds_now >= MIN_FUTILITY_SEEDS - 1e-9:
+        if claim.op == EQUIVALENT:
+            why = _equivalence_futility(claimed, design, level.level, fractions)
+            why = why or _gate_futility(v, design, equivalence=True)
+        else:
+            opposite_z = float(norm.isf(out.p_opposite)) if np.isfinite(out.p_opposite) else math.nan
+            why = _futility(data, claim, entry, v, design, level, fractions, out.z, opposite_z, design.max)
+            why = why or _gate_futility(v, design)
+        if why is not None:
+            out.state, out.needed, out.detail = ClaimState.FUTILE, why[0], why[1]
+    if held and out.state == ClaimState.SAMPLING:
+        out.detail = held
+
+
+def _sequential_p(out: ClaimLook, claimed, opposite, level, fractions, weight: float) -> float:
+    """The repeated p of a decided claim, on alpha's scale (below it iff crossed; a Holm share scales it)."""
+
+    def repeated(t: float, g: float) -> float:
+        # p 0 (an exact difference: every seed the same) is z = +inf, whose repeated p is 0, not unknown
+        z = float(norm.isf(t)) if not math.isnan(t) else math.nan
+        return max(level.p_value(fractions, z), g) if not math.isnan(z) else math.nan
+
+    if out.state == ClaimState.CONTRADICTED:
+        p = min(p for p in (repeated(t, g) for t, g in opposite) if np.isfinite(p))
+    else:
+        found = [repeated(t, g) for t, g in claimed]
+        p = max(found) if all(np.isfinite(found)) else math.nan
+    return min(1.0, p / min(1.0, weight))
 
 
 def _equivalence_futility(claimed, design: Design, level: float, fractions: tuple[float, ...]):

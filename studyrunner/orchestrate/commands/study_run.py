@@ -154,7 +154,9 @@ class StudyRun:
 
     def tuning_first(self) -> None:
         """Run the study's tuning where it has not ended, as a submit of the tuning study over the same stores;
-        from then on the study's cells have the values it chose."""
+        from then on the study's cells have the values it chose. A study without a `tune:` section has none."""
+        if self.compiled.study.tune is None:
+            return
 
         def submit_tuning(tuning: CompiledStudy) -> SubmitResult:
             run = StudyRun(tuning, self.workspace, "submit", self.options, self.console, (self.ledger, self.tracker))

@@ -216,16 +216,23 @@ def sample_problems(rng: np.random.Generator, count: int, p: IgsmParams, vocab: 
     keep = ancestors < n - 1  # at least one distractor
     if p.min_ops:  # enough operations, and an answer that depends on the constants
         keep &= (ops[:, -1] >= p.min_ops) & forms[:, -1].any(axis=1)
-    order = np.argsort(rng.random((count, n)), axis=1) if p.shuffle else np.broadcast_to(np.arange(n), (count, n))
+    query = np.stack([name_a[:, -1], name_b[:, -1], np.full(count, vocab.query)], axis=1)
+    tokens = _statement_tokens(rng, p.shuffle, slots, present, query, vocab)
+    return tokens[keep], values[keep, -1]
+
+
+def _statement_tokens(rng: np.random.Generator, shuffle: bool, slots, present, query, vocab: Vocab) -> np.ndarray:
+    """The statements (in random order if `shuffle`), then the query, as left-padded token rows: the slots
+    (count, n, width) that are `present`, right-aligned."""
+    count, n, width = slots.shape
+    order = np.argsort(rng.random((count, n)), axis=1) if shuffle else np.broadcast_to(np.arange(n), (count, n))
     slots = np.take_along_axis(slots, order[:, :, None], axis=1).reshape(count, n * width)
     present = np.take_along_axis(present, order[:, :, None], axis=1).reshape(count, n * width)
-    query = np.stack([name_a[:, -1], name_b[:, -1], np.full(count, vocab.query)], axis=1)
     slots = np.concatenate([slots, query], axis=1)
-    present = np.concatenate([present, np.ones((count, 3), dtype=bool)], axis=1)
+    present = np.concatenate([present, np.ones((count, query.shape[1]), dtype=bool)], axis=1)
     # right-align the present tokens: sort so absent slots come first, keeping the order of the rest
     first = np.argsort(present, axis=1, kind="stable")
-    tokens = np.where(np.take_along_axis(present, first, axis=1), np.take_along_axis(slots, first, axis=1), vocab.pad)
-    return tokens[keep], values[keep, -1]
+    return np.where(np.take_along_axis(present, first, axis=1), np.take_along_axis(slots, first, axis=1), vocab.pad)
 
 
 def statements(tokens: list[int], vocab: Vocab) -> tuple[dict[tuple[int, int], list[int]], tuple[int, int]]:

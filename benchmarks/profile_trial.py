@@ -114,8 +114,8 @@ def operators(steps: int = 30, threads: int = 1, rows: int = 15) -> str:
     """torch.profiler's table of the operators of `steps` training steps (after 10 warm-up steps)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from studyrunner.train.progress import Progress
     from studyrunner.train.trainer import build_trial, train_step
+    from studyrunner.train.trial_progress import Progress
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)

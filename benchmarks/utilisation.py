@@ -119,8 +119,8 @@ def trial_pieces(steps: int, repeats: int) -> dict[str, list[float]]:
 
     from studyrunner.train.checkpoint import Checkpoints, open_storage
     from studyrunner.train.evaluation import evaluate
-    from studyrunner.train.progress import Progress
     from studyrunner.train.trainer import _capture, build_trial
+    from studyrunner.train.trial_progress import Progress
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from studyrunner.cli import app
 from studyrunner.errors import StudyrunnerError
 from studyrunner.store import Ledger
-from studyrunner.store import schema as ledger_schema
+from studyrunner.store import schema_versions as ledger_schema
 
 
 def run(*args: str):

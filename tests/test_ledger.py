@@ -388,7 +388,7 @@ def _first_release_ledger(url: str) -> None:
     from alembic import command
     from sqlalchemy import create_engine, text
 
-    from studyrunner.store import schema
+    from studyrunner.store import schema_versions as schema
 
     engine = create_engine(url)
     with engine.begin() as conn:
@@ -455,7 +455,7 @@ def test_migrating_from_nothing_gives_exactly_the_declared_tables(empty_url):
     from alembic.runtime.migration import MigrationContext
     from sqlalchemy import create_engine
 
-    from studyrunner.store import schema
+    from studyrunner.store import schema_versions as schema
     from studyrunner.store.db import Base
 
     engine = create_engine(empty_url)

@@ -430,7 +430,7 @@ def test_results_of_one_study_keep_their_formats(sqlite_ledger, tmp_path):
 def test_upgrading_a_0002_ledger_backfills_the_long_tables(url):
     from alembic import command
 
-    from studyrunner.store import schema
+    from studyrunner.store import schema_versions as schema
 
     config = {
         "model": {"family": "looped", "params": {"loops": 4, "bias": False, "dropout": 0.0}},

@@ -16,9 +16,9 @@ from studyrunner.models.trajectories import grid_label, sample_shortcut, sample_
 from studyrunner.study import compile_study, loads
 from studyrunner.train.engine import train_step
 from studyrunner.train.optim import lr_at
-from studyrunner.train.progress import Progress
 from studyrunner.train.schedules import aux_weights
 from studyrunner.train.trainer import build_trial, run_trial
+from studyrunner.train.trial_progress import Progress
 
 FACTS = SimpleNamespace(vocab_size=13, seq_len=10, causal=True)
 

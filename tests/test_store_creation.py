@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from studyrunner.cli import app
 from studyrunner.store import Ledger
-from studyrunner.store import schema as ledger_schema
+from studyrunner.store import schema_versions as ledger_schema
 from studyrunner.store.db import sqlite_reader
 
 pytestmark = pytest.mark.faults
@@ -178,7 +178,7 @@ LEDGER_WRITER = textwrap.dedent(
     """
     import sys
     sys.path.insert(0, sys.argv[3])
-    from studyrunner.store import schema
+    from studyrunner.store import schema_versions as schema
     from studyrunner.store.db import make_engine
 
     url = sys.argv[1]

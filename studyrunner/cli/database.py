@@ -43,7 +43,7 @@ def _db_engine(workspace: Path | None, db: str | None, *, read_only: bool):
 @user_errors
 def db_current(db: DbOpt = None, workspace: WorkspaceOpt = None):
     """Print the ledger's schema revision and the one this version of studyrunner needs."""
-    from ..store import schema as ledger_schema
+    from ..store import schema_versions as ledger_schema
 
     url, engine, errors = _db_engine(workspace, db, read_only=True)
     with errors:
@@ -61,7 +61,7 @@ def db_current(db: DbOpt = None, workspace: WorkspaceOpt = None):
 @user_errors
 def db_upgrade(db: DbOpt = None, workspace: WorkspaceOpt = None):
     """Upgrade an existing ledger to the schema this studyrunner needs (keeps every row)."""
-    from ..store import schema as ledger_schema
+    from ..store import schema_versions as ledger_schema
 
     # What the database is, read without writing a byte: one that is not a ledger is refused as it was.
     url, reader, errors = _db_engine(workspace, db, read_only=True)

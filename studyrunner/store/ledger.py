@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from .attempts import Attempts
 from .leases import STALE_AFTER_S, Leases, submission_process_alive
-from .looks import Looks
+from .look_rows import Looks
 from .opening import LedgerDatabase, database_errors, open_engine, probe
 from .reads import Reads
 from .registration import Registering, Registration

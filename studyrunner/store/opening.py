@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import StudyrunnerError
 from ..urls import mask_text, mask_url
-from . import schema
+from . import schema_versions
 from .db import make_engine, sqlite_reader
 
 
@@ -93,7 +93,7 @@ def probe(url: str) -> None:
         if path is not None and path.is_file() and path.stat().st_size > 0:
             engine, _mode = sqlite_reader(url)
             try:
-                schema.current(engine, url)
+                schema_versions.current(engine, url)
             finally:
                 engine.dispose()
 
@@ -121,7 +121,7 @@ class LedgerDatabase:
                 self.engine = make_engine(url)
             else:
                 self.engine, self.read_mode = open_engine(url, read_only=read_only)
-            if schema.current(self.engine, url) is None:
+            if schema_versions.current(self.engine, url) is None:
                 if not create or read_only:
                     empty = path is not None and path.is_file() and path.stat().st_size == 0
                     raise StudyrunnerError(
@@ -131,8 +131,8 @@ class LedgerDatabase:
                         else f"{mask_url(url)!r} holds no studyrunner ledger (check --db / STUDYRUNNER_DB, or submit a "
                         "study first)"
                     )
-                schema.create(self.engine)
-            schema.check_current(self.engine, url)
+                schema_versions.create(self.engine)
+            schema_versions.check_current(self.engine, url)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
 
     @staticmethod

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import spec_error
 from .schema import AXIS_ROOTS, Study
+from .spec_errors import spec_error
 
 
 def axis_path_problem(path: str) -> str | None:

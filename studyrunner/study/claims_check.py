@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from .canonical import flatten_config
 from .claims_grammar import EQUIVALENT, Number, Quantity, flip, parse_claim, selector_column, values_equal
 from .compiled import CompiledStudy
-from .errors import spec_error
 from .levels import metric_range
+from .spec_errors import spec_error
 
 
 def check_claims(compiled: CompiledStudy, reports: Callable[[str], bool], reported: Callable[[], set[str]]) -> None:

@@ -22,10 +22,10 @@ from ..tasks import build_task, get_task
 from .baselines import add_baselines
 from .canonical import canonical_json, config_hash, trial_key
 from .compiled import Cell, CompiledStudy, Trial
-from .errors import describe, dotted, spec_error
 from .feasibility import check_feasible
 from .knobs import knob_problem, resources_problem
 from .schema import EvalSection, Study, TrainSection
+from .spec_errors import describe, dotted, spec_error
 
 MAX_TRIALS = 1_000_000
 

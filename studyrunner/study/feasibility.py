@@ -14,7 +14,7 @@ from ..train.metrics import TRAINER_METRICS
 from .canonical import canonical_json
 from .claims_check import check_claims
 from .compiled import CompiledStudy
-from .errors import spec_error
+from .spec_errors import spec_error
 
 MAX_EVAL_TOKENS = 50_000_000  # eval sets live in memory: inputs, targets and mask, 17 bytes a token
 MAX_MODELS_PROBED = 32  # distinct model configs built (on the meta device) to learn their diagnostics

@@ -25,8 +25,8 @@ from pydantic import ValidationError
 
 from ..errors import SpecError
 from .checks import check_study
-from .errors import describe, spec_error
 from .schema import Study
+from .spec_errors import describe, spec_error
 
 MAX_NODES = 100_000  # values after alias expansion; real study files have a few hundred
 MAX_BYTES = 4 * 1024 * 1024

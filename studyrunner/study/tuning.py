@@ -8,7 +8,7 @@ their hashes and trial keys, carry the chosen values. Choosing on the validation
 the test split keeps the choice from flattering the arm it was made for.
 
 Everything here is a pure function of the study and the tuning trials' outcomes, so the same ledger gives the
-same choices on any machine (the runner in orchestrate/feeds/tuning.py runs the trials; `verify` shows the choices).
+same choices on any machine (the runner in orchestrate/feeds/tuning_run.py runs the trials; `verify` shows the choices).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def tune_study(study):
     data = study.model_dump(mode="json")
     clash = [p for p in study.tune.grid if p in data.get("grid", {}) or any(p in z for z in data.get("zip", []))]
     if clash:
-        from .errors import spec_error
+        from .spec_errors import spec_error
 
         raise spec_error(study.source, study._node, ("tune", "grid", clash[0]),
                          f"{clash[0]} is also an axis of the study: tune it or vary it, not both")  # fmt: skip

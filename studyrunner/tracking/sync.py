@@ -2,7 +2,7 @@
 ledger, the Parquet curves, the trial checkpoints and MLflow disagree about a study's trials.
 
 The sources of truth are the ledger (status, final metrics) and each trial's checkpoint, which carries every
-record the trial made up to it (train/progress.py). Per trial that ever ran:
+record the trial made up to it (train/trial_progress.py). Per trial that ever ran:
 
 - **curve**: missing, unreadable, or ending before the trial's newest checkpoint (a driver killed before it
   wrote what its worker had checkpointed) -> written again from the checkpoint's records (an unreadable one

@@ -51,7 +51,7 @@ from ..tasks import Batch
 from .checkpoint import CheckpointMismatch, Checkpoints, capture_rng, restore_rng
 from .config import DeepSpeedConfig, TrainConfig
 from .engine import check_finite, check_schedule, schedule_state
-from .progress import Progress
+from .trial_progress import Progress
 
 if TYPE_CHECKING:
     from .setup import TrialSetup

@@ -28,9 +28,9 @@ from .checkpoint import CheckpointMismatch, Checkpoints, capture_rng, restore_rn
 from .config import TrainConfig
 from .optim import set_lr
 from .outcomes import Diverged
-from .progress import Progress
 from .schedules import aux_weights, counts_task_loss
 from .setup import TrialSetup
+from .trial_progress import Progress
 
 # ------------------------------------------------------------------------------------- the plain loop
 

@@ -87,8 +87,8 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_c
 from .hooks import DrawsCompute, RealisesLoops
 
 if TYPE_CHECKING:  # setup.py imports this module
-    from .progress import Progress
     from .setup import TrialSetup
+    from .trial_progress import Progress
 
 __all__ = [
     "ATTENTION",

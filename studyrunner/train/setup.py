@@ -20,7 +20,7 @@ from .flops import StepFlops
 from .hooks import Fingerprinted
 from .optim import lr_at
 from .prefetch import Prefetcher, prefetch_enabled
-from .progress import Progress
+from .trial_progress import Progress
 
 
 class Engine(Protocol):

@@ -59,7 +59,6 @@ from .flops import count_trial, depth_due, sample_depth, trial_metrics
 from .hooks import Configurable, StepDependent, WatchesGradients
 from .optim import make_optimizer
 from .outcomes import Diverged
-from .progress import Progress
 from .reporter import (
     MemoryReporter,
     Reporter,
@@ -72,6 +71,7 @@ from .reporter import (
     send_tick,
 )
 from .setup import Engine, TrialSetup
+from .trial_progress import Progress
 
 __all__ = [
     "EVAL_CHUNK",

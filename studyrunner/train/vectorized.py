@@ -62,10 +62,10 @@ from .config import TrialConfig
 from .evaluation import evaluate_and_record
 from .outcomes import Diverged
 from .prefetch import Prefetcher, prefetch_enabled
-from .progress import Progress
 from .reporter import Reporter, send_facts, send_start, send_tick
 from .schedules import aux_weights
 from .trainer import TrialSetup, build_trial, summary_metrics
+from .trial_progress import Progress
 
 __all__ = ["KNOB", "check_vectorizable", "run_trials_together"]
 

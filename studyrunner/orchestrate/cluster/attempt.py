@@ -22,7 +22,7 @@ Reports before the final one (all carry "step"):
 - a note: `{"note": "..."}` (a resume, a corrupt checkpoint skipped: shown to the user and kept on the
   attempt); after each checkpoint is written, `{"note", "checkpoint_step"}`;
 - a replay, once per resumed attempt before any record: `{"replay": [records], "step"}`, every record the
-  trial made up to the checkpoint it resumed from (the checkpoint keeps them: train/progress.py), so a
+  trial made up to the checkpoint it resumed from (the checkpoint keeps them: train/trial_progress.py), so a
   driver that died before recording some loses none of them;
 - a heartbeat: `{"heartbeat": True}` after an optimizer step when nothing was reported for
   `heartbeat_s` seconds.

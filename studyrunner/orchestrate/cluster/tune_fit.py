@@ -12,7 +12,7 @@ from ..teachers import teacher_key
 from .capacity import concurrent_runs, trial_resources, trials_at_once
 from .driver_callback import CancelStopper
 from .faults import driver_kills, fault_injected, injections_for
-from .progress import ProgressDisplay
+from .progress_display import ProgressDisplay
 from .recorder import Recorder
 from .warm_workers import tune_actors_on_warm_workers
 

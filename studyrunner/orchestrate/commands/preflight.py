@@ -96,7 +96,7 @@ def _remove_if_empty(folder) -> None:
 def stored_study(ledger: Ledger, name: str) -> CompiledStudy:
     """The study as last submitted (the ledger keeps its file), compiled again."""
     from ...study import compile_study, loads
-    from ..feeds.tuning import with_tuning
+    from ..feeds.tuning_run import with_tuning
 
     row = ledger.get_study(name)
     compiled = compile_study(loads(row.spec_text, source=f"<study {name} as last submitted>"))
@@ -143,7 +143,7 @@ def say_plan(console: Console, compiled: CompiledStudy, skipped: list[str], held
 def checked_will_run(existing: Ledger | None, compiled: CompiledStudy) -> bool:
     """Before Ray starts: refuse an edit the ledger's record of the study forbids (cells that ran, a sequential
     design and claims after a look), then whether the submit may run trials (`will_run`)."""
-    from ..feeds.tuning import with_tuning
+    from ..feeds.tuning_run import with_tuning
 
     if existing is not None:
         compiled = with_tuning(compiled, existing)  # the cells its finished tuning chose

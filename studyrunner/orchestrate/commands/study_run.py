@@ -44,7 +44,7 @@ from ..cluster.capacity import check_cluster_fits
 from ..cluster.ray_runtime import ensure_ray, ray_session_dir, started_here, stop_ray
 from ..cluster.recorder import Recorder
 from ..cluster.tune_fit import fit_trials
-from ..feeds.tuning import tuned
+from ..feeds.tuning_run import tuned
 from ..run_types import RunOptions, SubmitResult
 from ..signals import interrupts_deferred, sigterm_as_ctrl_c
 from ..submission import Submission, reap_dead

@@ -1,4 +1,4 @@
-"""Alembic environment for the ledger. Run through `studyrunner db upgrade` (studyrunner.store.schema),
+"""Alembic environment for the ledger. Run through `studyrunner db upgrade` (studyrunner.store.schema_versions),
 which passes the open connection in `config.attributes["connection"]`; there is no alembic.ini."""
 
 from alembic import context

@@ -109,41 +109,50 @@ class _ProcessWatch:
 
 
 _WATCH = _ProcessWatch()
-_CALL_PASSED = pytest.StashKey[bool]()
+_RAY_BEFORE = pytest.StashKey[bool]()
 
 
 def pytest_configure(config):
     _WATCH.install()
 
 
+def _ray_up() -> bool:
+    import sys
+
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+# Armed while a fast test sets up and runs, not while it tears down: the last test of a module tears down the
+# module's fixtures, which an end-to-end test of that module may have started (a PostgreSQL server, a Ray).
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    fast = item.get_closest_marker("e2e") is None
+def pytest_runtest_setup(item):
     _WATCH.started.clear()
-    _WATCH.armed = fast
-    outcome = yield
+    item.stash[_RAY_BEFORE] = _ray_up()
+    _WATCH.armed = item.get_closest_marker("e2e") is None
+    yield
     _WATCH.armed = False
-    return outcome
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    _WATCH.armed = item.get_closest_marker("e2e") is None
+    yield
+    _WATCH.armed = False
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if item.get_closest_marker("e2e") is not None or report.failed:
+    if item.get_closest_marker("e2e") is not None or report.failed or call.when != "call":
         return
-    if call.when == "call":
-        item.stash[_CALL_PASSED] = True
-    elif call.when == "teardown" and item.stash.get(_CALL_PASSED, False):  # a refusal the code swallowed
-        import sys
-
-        started = list(_WATCH.started)
-        ray = sys.modules.get("ray")
-        if ray is not None and ray.is_initialized():
-            started.append("ray.init()")
-        if started:
-            report.outcome = "failed"
-            report.longrepr = f"{item.nodeid}: a fast-layer test started {started[0]!r}; mark it e2e"
+    started = list(_WATCH.started)  # a refusal the code under test swallowed
+    if _ray_up() and not item.stash.get(_RAY_BEFORE, False):
+        started.append("ray.init()")
+    if started:
+        report.outcome = "failed"
+        report.longrepr = f"{item.nodeid}: a fast-layer test started {started[0]!r}; mark it e2e"
 
 
 # ---- one Ray for the end-to-end layer -------------------------------------------------------------------------

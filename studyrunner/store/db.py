@@ -28,8 +28,6 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # A trial's statuses and the moves between them: status.py (re-exported here, where orchestrate imports them).
-from .status import FINISHED as FINISHED
-from .status import STATUSES as STATUSES
 from .status import TrialStatus
 
 # The tables that make a database a ledger (a database holding other tables is never made into one).

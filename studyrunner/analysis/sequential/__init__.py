@@ -37,11 +37,10 @@ from .stopping import (
 )
 
 # Two ClaimState members as module names, which orchestrate/feeds/waves.py imports (new code: ClaimState).
-SUPPORTED, CONTRADICTED = ClaimState.SUPPORTED, ClaimState.CONTRADICTED
 
 __all__ = [
-    "ALPHA", "CONTRADICTED", "DECIDED", "FUTILITY_POWER", "GRID_POINTS",
-    "MIN_FUTILITY_SEEDS", "SD_RANGE", "SPENDING", "SUPPORTED", "TERMINAL", "ClaimLook", "ClaimState", "Design", "Look",
+    "ALPHA", "DECIDED", "FUTILITY_POWER", "GRID_POINTS",
+    "MIN_FUTILITY_SEEDS", "SD_RANGE", "SPENDING", "TERMINAL", "ClaimLook", "ClaimState", "Design", "Look",
     "boundaries", "calibrated_alpha", "changed_claim_fields", "claim_entries", "claim_row", "claim_specs",
     "claim_test", "describe_state", "design_of", "entries_of", "final_states", "look_row", "looks_from_rows",
     "nominal_level", "repeated_p", "run_sequential", "seeds_per_cell", "spent", "take_look", "verdicts", "verify",

@@ -263,7 +263,7 @@ def _claim_look(
     out.z = float(norm.isf(p_claimed)) if np.isfinite(p_claimed) else math.nan
     held = v.extra.get("held")  # a margin claim below 5 seeds per side (decide._margin_floor): no crossing yet
     crosses = lambda t, g: bool(t < nominal and g <= level.alpha)  # noqa: E731
-    _decide(out, data, claim, entry, v, design, level, tuple(fractions), crosses, held, ended)
+    _decide(out, data, claim, entry, v, design, level, tuple(fractions), crosses, held, ended, claimed, opposite)
     if out.state in TERMINAL:
         out.decided_at = number
         out.p_sequential = _sequential_p(out, claimed, opposite, level, tuple(fractions), weight)
@@ -293,10 +293,10 @@ def _information(design: Design, claim, by_side, v, cells: list[str], seeds: dic
     return used, fraction, ended
 
 
-def _decide(out: ClaimLook, data, claim, entry, v, design, level, fractions, crosses, held, ended) -> None:
+def _decide(
+    out: ClaimLook, data, claim, entry, v, design, level, fractions, crosses, held, ended, claimed, opposite
+) -> None:
     """The look's state: crossed for the claim or against it, ended at `max`, or stopped for futility."""
-    tests = v.extra.get("tests") or {"claimed": [(v.p_claimed, 0.0)], "opposite": [(v.p_opposite, 0.0)]}
-    claimed, opposite = tests["claimed"], tests["opposite"]
     seeds_now = out.fraction * design.max  # seeds per side the information stands for
     if not held and all(crosses(t, g) for t, g in claimed):
         out.state = ClaimState.SUPPORTED

@@ -48,7 +48,7 @@ from typing import Any
 from ...analysis.search_history import current_outcome, seed_mean
 from ...errors import SpecError, StudyrunnerError
 from ...store import Ledger
-from ...store.db import FINISHED
+from ...store.status import FINISHED
 from ...study import CompiledStudy, Trial
 from ...study.compiled import Cell
 from ...study.compiler import search_cell, with_cells

@@ -24,13 +24,16 @@ from ...analysis.data import from_ledger, looks_of
 from ...analysis.sequential import changed_claim_fields, claim_entries
 from ...errors import StudyrunnerError
 from ...store import Ledger
-from ...store.db import FINISHED
+from ...store.status import FINISHED
 from ...study import CompiledStudy, trial_key
 from ...study.compiler import with_seeds
 from ...tracking.tracker import RunHistory
 from ...tracking.ui_links import study_run
 from ..cluster.faults import kill_driver_at
 from .feed import TrialFeed
+
+# a claim's state as an MLflow metric: +1 supported, -1 contradicted, 0 otherwise
+STATE_VALUE = {sequential.ClaimState.SUPPORTED: 1.0, sequential.ClaimState.CONTRADICTED: -1.0}
 
 
 def with_registered_seeds(compiled: CompiledStudy, ledger: Ledger) -> CompiledStudy:
@@ -241,7 +244,7 @@ class LookLog:
                     "z": c.z,
                     "fraction": c.fraction,
                     "seeds": float(c.seeds),
-                    "state": {sequential.SUPPORTED: 1.0, sequential.CONTRADICTED: -1.0}.get(c.state, 0.0),
+                    "state": STATE_VALUE.get(c.state, 0.0),
                 }
                 for name, value in values.items():
                     if value == value and abs(value) != float("inf"):

@@ -8,7 +8,7 @@ their hashes and trial keys, carry the chosen values. Choosing on the validation
 the test split keeps the choice from flattering the arm it was made for.
 
 Everything here is a pure function of the study and the tuning trials' outcomes, so the same ledger gives the
-same choices on any machine (the runner in orchestrate/feeds/tuning_run.py runs the trials; `verify` shows the choices).
+same choices on any machine (orchestrate/commands/preflight.py runs the trials; `verify` shows the choices).
 """
 
 from __future__ import annotations

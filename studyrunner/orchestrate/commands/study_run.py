@@ -7,7 +7,7 @@ leases and the `SubmitResult` it reports. Its steps, each run once, in this orde
     preflight      settings checked, every store reached, Ray started or joined where trials will run,
                    nothing written (preflight.py `ready_to_write`)
     open_stores    the ledger and the tracking store (a resumed study: as last submitted, from the ledger)
-    tuning_first   a `tune:` section's tuning study, submitted first over the same stores (feeds/tuning.py)
+    tuning_first   a `tune:` section's tuning study, submitted first over the same stores (preflight.py)
     feed.check     an edit that changes what ran is refused, before anything is written
     take_study     a search or a sequential study: made this submit's by one conditional write, or left
                    to the live submit that holds it (`study_busy`)
@@ -44,12 +44,11 @@ from ..cluster.capacity import check_cluster_fits
 from ..cluster.ray_runtime import ensure_ray, ray_session_dir, started_here, stop_ray
 from ..cluster.recorder import Recorder
 from ..cluster.tune_fit import fit_trials
-from ..feeds.tuning_run import tuned
 from ..run_types import RunOptions, SubmitResult
 from ..signals import interrupts_deferred, sigterm_as_ctrl_c
 from ..submission import Submission, reap_dead
 from ..teachers import resolve_teachers
-from .preflight import open_stores, ready_to_write, refuse_changed_meaning, say_plan, stored_study
+from .preflight import open_stores, ready_to_write, refuse_changed_meaning, say_plan, stored_study, tuned
 from .selection import RerunSelection
 
 Refuse = Callable[[CompiledStudy], None]  # raises where an edit changes cells that already ran

@@ -337,14 +337,18 @@ def test_a_resumed_halting_trial_records_the_same_flops(tmp_path):
         assert resumed[name] == whole[name], name
 
 
-def test_seeds_trained_together_record_each_members_own_flops():
-    cfg = config("looped", "loops: 2", steps=4)
-    cfg["train"]["vectorize_seeds"] = True
+@pytest.mark.parametrize(
+    ("family", "params"), [("looped", "loops: 2"), ("ut_act", "loops: 3, memory_slots: 2, halt_bias_init: 1.0")]
+)
+def test_packed_trials_record_each_members_own_flops(family, params):
+    # a halting member's realised depth is sampled on its own model, as alone
+    cfg = config(family, params, steps=4)
+    cfg["train"]["pack"] = "seeds"
     together = run_trials_together(cfg, [0, 1], [MemoryReporter(), MemoryReporter()])
-    alone = run_trial(cfg, 0)
-    for final in together:
+    for seed, final in enumerate(together):
+        alone = run_trial(cfg, seed)
         for name in FLOP_METRICS:
-            assert final[name] == alone[name], name
+            assert final[name] == pytest.approx(alone[name], rel=1e-6), name
 
 
 def test_a_failed_count_leaves_the_trial_training(monkeypatch, caplog):

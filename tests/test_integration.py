@@ -221,13 +221,24 @@ def test_seeds_trained_together_are_still_one_trial_each(ray_session, tmp_path):
     assert len({a.ray_trial_id for t in compiled.trials for a in ledger.attempts(t.trial_key)}) == 2
 
 
-def test_seeds_together_is_refused_for_halting_families_at_validate():
-    from studyrunner.errors import SpecError
+def test_cells_of_one_shape_pack_into_one_trial(ray_session, tmp_path):
+    """`train.pack: cells`: two learning rates x two seeds of one shape train as one Ray trial (one pack);
+    each member keeps its own ledger row, with the metrics its separate run gives."""
+    from studyrunner.train import run_trial
 
+    ws = Workspace.resolve(tmp_path)
     text = (
-        TINY_STUDY.replace("family: looped", "family: ut_act")
-        .replace("block_layers: 1, ", "")
-        .replace("grad_clip: 1.0,", "grad_clip: 1.0, vectorize_seeds: true,")
+        TINY_STUDY.replace("name: tiny", "name: packed")
+        .replace("grad_clip: 1.0,", "grad_clip: 1.0, pack: cells,")
+        .replace("model.params.loops: [1, 2]", "train.lr: [1.0e-3, 3.0e-3]")
     )
-    with pytest.raises(SpecError, match=r"train.vectorize_seeds.*halting family"):
-        compile_study(loads(text))
+    compiled = compile_study(loads(text))
+    assert len(compiled.cells) == 2 and len(compiled.trials) == 4
+    result = submit(compiled, ws, show_progress=False)
+    assert sorted(result.succeeded) == sorted(t.trial_key for t in compiled.trials)
+    ledger = Ledger(ws.db_url)
+    runs = {r.trial_key: r for r in ledger.trials("packed")}
+    for t in compiled.trials:
+        separate = run_trial(t.config, t.seed)
+        assert runs[t.trial_key].metrics["train_loss"] == pytest.approx(separate["train_loss"], rel=1e-4)
+    assert len({a.ray_trial_id for t in compiled.trials for a in ledger.attempts(t.trial_key)}) == 1

@@ -44,12 +44,14 @@ class KVSlot:
     def replace_tail(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Overwrite the newest k.shape[2] rows (a token's row updated at a later loop); return every row.
 
-        In place when no gradient flows (decoding); functionally when one does (chunk-wise training),
-        since autograd keeps the rows an earlier loop attended to."""
+        In place when no gradient flows (decoding); functionally where one may (chunk-wise training), since
+        autograd keeps the rows an earlier loop attended to. "May": whenever gradients are enabled, not only
+        where a tensor says it requires them, since under torch.func.vmap (packed trials, train/vectorized.py)
+        the batched tensors do not say so."""
         if self.k is None or self.v is None or self.k.shape[2] < k.shape[2]:
             raise RuntimeError("replace_tail before the rows it replaces were appended")
         n = k.shape[2]
-        if torch.is_grad_enabled() and (k.requires_grad or self.k.requires_grad):
+        if torch.is_grad_enabled():
             self.k = torch.cat([self.k[:, :, :-n], k], dim=2)
             self.v = torch.cat([self.v[:, :, :-n], v], dim=2)
         else:

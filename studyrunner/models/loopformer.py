@@ -289,8 +289,28 @@ class LoopFormer(nn.Module):
             raise ValueError(f"loops={loops} but the trajectory has {len(steps)} steps")
         return steps
 
+    def draw_training(self) -> int | list[float] | None:
+        """What a training forward draws at random (its short run: an exit step or a trajectory; None for
+        `fixed`), drawn now from torch's global generator as the forward would draw it. Packed trials
+        (train/vectorized.py) draw each member's with its own generator state, then run the members whose
+        draws agree in one batched forward, each inside `drawn(draw)`."""
+        return self._sample_short() if self.p.objective != "fixed" else None
+
+    @contextlib.contextmanager
+    def drawn(self, draw: int | list[float] | None) -> Iterator[None]:
+        """Inside, a training forward takes `draw` as its short run instead of drawing one."""
+        self._draw = draw
+        try:
+            yield
+        finally:
+            self._draw = None
+
+    _draw: int | list[float] | None = None
+
     def _sample_short(self) -> int | list[float]:
         """The training step's short run: an exit step S (early-exit objectives) or a trajectory."""
+        if self._draw is not None:  # pinned by `drawn` (packed trials)
+            return self._draw
         if self.p.objective in EARLY_EXIT:
             return int(torch.randint(1, self.loops, (1,)).item())  # S ~ U{1..L-1}
         if self._short_steps is not None:  # pinned by `compute_draws` (FLOP counting)

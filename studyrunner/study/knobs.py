@@ -13,6 +13,8 @@ from typing import Any
 
 from ..models.output import AUX_TERMS
 from ..models.registry import FamilyEntry
+from ..train.packing import KNOB as PACK_KNOB
+from ..train.packing import check_packable, pack_mode
 
 
 def knob_problem(family: FamilyEntry, resolved: dict[str, Any]) -> tuple[tuple, str] | None:
@@ -35,13 +37,12 @@ def knob_problem(family: FamilyEntry, resolved: dict[str, Any]) -> tuple[tuple, 
         return problem
     if resolved["train"].get("deepspeed") is not None and resolved["train"].get("engine") != "deepspeed":
         return ("train", "deepspeed"), "is set but train.engine is not deepspeed; set train.engine: deepspeed"
-    if resolved["train"].get("vectorize_seeds"):
-        from ..train.vectorized import check_vectorizable
-
+    if pack_mode(resolved):
+        knob = "pack" if resolved["train"].get("pack") else "vectorize_seeds"
         try:
-            check_vectorizable(resolved)
+            check_packable(resolved)
         except ValueError as exc:
-            return ("train", "vectorize_seeds"), str(exc).removeprefix("train.vectorize_seeds").lstrip(": ")
+            return ("train", knob), str(exc).removeprefix(PACK_KNOB).lstrip(": ")
     steps = getattr(params, "interpolate_steps", 0)
     if steps and steps >= resolved["train"]["steps"]:
         return (
@@ -77,7 +78,7 @@ def _lr_groups_problem(family: FamilyEntry, params: Any, train: dict[str, Any]) 
             f"names group {unknown[0]!r}, which model family {family.name!r} does not have; its groups: "
             f"{', '.join(known)} (rest = every other parameter)"
         )
-    for knob in ("vectorize_seeds", "engine"):
+    for knob in ("vectorize_seeds", "pack", "engine"):
         if train.get(knob) and not (knob == "engine" and train[knob] == "plain"):
             return (
                 "train",
@@ -120,8 +121,9 @@ def _deepspeed_problem(family: FamilyEntry, params: Any, resolved: dict[str, Any
             f"deepspeed partitions gradients, so it cannot record the gradient norms model family "
             f"{family.name!r} watches ({', '.join(groups)})"
         )
-    if train.get("vectorize_seeds"):
-        return ("train", "vectorize_seeds"), "cannot be combined with train.engine: deepspeed (one trial, many workers)"
+    if pack_mode(resolved):
+        knob = "pack" if train.get("pack") else "vectorize_seeds"
+        return ("train", knob), "cannot be combined with train.engine: deepspeed (one trial, many workers)"
     if (train.get("compile") or "none") != "none":
         return ("train", "compile"), f"{train['compile']!r} cannot be combined with train.engine: deepspeed; unset it"
     if train.get("precision") == "bf16":

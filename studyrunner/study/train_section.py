@@ -220,17 +220,30 @@ class TrainSection(Strict):
         None, description="DeepSpeed settings of a train.engine: deepspeed trial (unset: zero_stage 1)."
     )
     vectorize_seeds: bool | None = Field(
+        None, description="The same as train.pack: seeds (the knob's first name, kept for the files that use it)."
+    )
+    pack: Literal["seeds", "cells"] | None = Field(
         None,
-        description="Seeds of a cell trained together in one process, as one batched model "
-        "(torch.func.vmap); each seed stays its own trial with its own records and results, equal to a "
-        "separate run's up to float rounding. Unset = false. Family looped only, without dropout or "
-        "train.compile; no checkpoints (a group that fails restarts from step 0).",
+        description="Trials trained packed, in one process as one batched model (torch.func.vmap): seeds = "
+        "the seeds of each cell; cells = also the cells of one shape (equal but for the learning-rate schedule, "
+        "weight decay, grad_clip, aux-term weights and *_init params). Each member stays its own trial, with its "
+        "own records, checkpoints and results, equal to a separate run's up to float rounding. Unset = not "
+        "packed. No dropout, train.compile, train.lr_groups or conversion teacher.",
+    )
+    pack_size: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Members of one pack at most (unset: 32): each holds its own weights, gradients and "
+        "optimizer state in one process.",
     )
 
     @model_serializer(mode="wrap")
     def _omit_unset_knobs(self, handler: SerializerFunctionWrapHandler) -> Any:
         omitted = _AUX_WEIGHT_KNOBS | _EXIT_AND_DISTILL_KNOBS | _RUNTIME_KNOBS | _ENGINE_KNOBS | _OBJECTIVE_KNOBS
-        data = omit_unset(handler(self), omitted | {"checkpoint_every", "vectorize_seeds", "trajectory"})
+        data = omit_unset(
+            handler(self), omitted | {"checkpoint_every", "vectorize_seeds", "pack", "pack_size", "trajectory"}
+        )
         if isinstance(data, dict) and self.distill_lambda:
             data.update({k: v for k, v in self.distill_settings().items() if data.get(k) is None})
         return data

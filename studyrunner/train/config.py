@@ -115,6 +115,8 @@ class TrainConfig(Section):
     engine: Literal["plain", "deepspeed"] | None = None
     deepspeed: DeepSpeedConfig | None = None
     vectorize_seeds: bool | None = None
+    pack: Literal["seeds", "cells"] | None = None
+    pack_size: int | None = None
 
 
 class EvalConfig(Section):

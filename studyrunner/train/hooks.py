@@ -60,6 +60,17 @@ class DrawsCompute(Protocol):
 
 
 @runtime_checkable
+class DrawsInTraining(Protocol):
+    """A training forward that draws at random from torch's global generator (LoopFormer's short run): the
+    draw made apart (`draw_training`), and a context in which the forward takes a given draw (`drawn`).
+    Packed trials (vectorized.py) draw each member's from its own generator state."""
+
+    def draw_training(self) -> Any: ...
+
+    def drawn(self, draw: Any) -> contextlib.AbstractContextManager: ...
+
+
+@runtime_checkable
 class RealisesLoops(Protocol):
     """A halting model that computes loop steps it does not use: the steps it realised on `tokens`, or None."""
 

@@ -133,7 +133,7 @@ def run_trial(
     if not trial.engine.leader:  # another worker of a distributed trial reports for it
         reporter = SilentReporter()
     send_facts(reporter, {**trial.runtime.facts(), **trial.engine.facts(), **trial.data_facts()})
-    store = _open_checkpoints(checkpoints, config, seed, reporter)
+    store = open_checkpoints(checkpoints, config, seed, reporter)
     progress = trial.engine.resume(store, trial) if store is not None else Progress()
     send_start(reporter, progress.step)
     if progress.step > 0:
@@ -152,25 +152,39 @@ def run_trial(
 
 def _train(trial: TrialSetup, progress: Progress, store: Checkpoints | None, reporter: Reporter) -> None:
     if progress.step == 0:
-        _log(trial, reporter, progress, 0, dict(trial.static))
+        before_first_step(trial, progress, reporter)
     trial.model.train()
-    if progress.step == 0:
-        sample_depth(trial, progress, 0)
     while progress.step < trial.steps:
         lr, tokens = trial.engine.step(trial, progress)
-        done = progress.step
-        record = progress.window.record(lr, tokens) if trial.record_due(done) else {}
-        with trial.runtime.autocast():
-            record.update(evaluate_and_record(trial.model, trial.task, trial.splits, done, trial.steps, trial.ev))
-        if depth_due(trial, done):  # before the checkpoint, which keeps it
-            sample_depth(trial, progress, done)
-        if record:
-            progress.last.update(record)
-            _log(trial, reporter, progress, done, record)
-        if store is not None and store.due(done):  # after the record: it is never lost, at worst resent
-            trial.engine.save(store, trial, progress)
-            send_checkpointed(reporter, done)
-        send_tick(reporter, done)
+        after_step(trial, progress, store, reporter, lr, tokens)
+
+
+def before_first_step(trial: TrialSetup, progress: Progress, reporter: Reporter) -> None:
+    """A fresh trial's step-0 record (its static facts) and, for a halting model, its depth before training."""
+    _log(trial, reporter, progress, 0, dict(trial.static))
+    trial.model.train()
+    sample_depth(trial, progress, 0)
+
+
+def after_step(
+    trial: TrialSetup, progress: Progress, store: Checkpoints | None, reporter: Reporter, lr: float, tokens: int
+) -> None:
+    """What a trial does after each optimizer step, whoever took it (this loop, or a pack's shared step:
+    vectorized.py): its train record when due, evaluation, a halting model's realised depth, the record sent,
+    the checkpoint and the tick. Raises `Diverged` where the reporter's divergence rule holds."""
+    done = progress.step
+    record = progress.window.record(lr, tokens) if trial.record_due(done) else {}
+    with trial.runtime.autocast():
+        record.update(evaluate_and_record(trial.model, trial.task, trial.splits, done, trial.steps, trial.ev))
+    if depth_due(trial, done):  # before the checkpoint, which keeps it
+        sample_depth(trial, progress, done)
+    if record:
+        progress.last.update(record)
+        _log(trial, reporter, progress, done, record)
+    if store is not None and store.due(done):  # after the record: it is never lost, at worst resent
+        trial.engine.save(store, trial, progress)
+        send_checkpointed(reporter, done)
+    send_tick(reporter, done)
 
 
 def _log(trial: TrialSetup, reporter: Reporter, progress: Progress, step: int, record: dict[str, float]) -> None:
@@ -283,7 +297,7 @@ def summary_metrics(trial: TrialSetup, progress: Progress, *, tokens: int | None
 # ----------------------------------------------------------------------------------- checkpoints
 
 
-def _open_checkpoints(
+def open_checkpoints(
     checkpoints: CheckpointsArg, config: TrialConfig, seed: int, reporter: Reporter
 ) -> Checkpoints | None:
     if checkpoints is None or isinstance(checkpoints, Checkpoints):

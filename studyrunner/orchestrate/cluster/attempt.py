@@ -1,4 +1,4 @@
-"""One attempt of one trial (or of a cell's seeds trained together) on a worker: it trains and reports;
+"""One attempt of one trial (or of a pack of trials trained together) on a worker: it trains and reports;
 the driver records. `trainable.trainable`, the Ray Tune trainable, picks which kind of attempt to run.
 
 Every attempt ends with exactly one final report (`"final": True`), whose `outcome` says how it ended,
@@ -44,6 +44,7 @@ variables, orchestrate/cluster/faults.py, and passes each trial's faults in its 
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -230,7 +231,7 @@ class TuneReporter:
         # The attempt's facts go on its first report once the resume step is known (the trainer says
         # so before any record), or on its final report if it never got that far.
         if self._first and (self.resumed_from is not None or result.get("final")):
-            result["provenance"] = {**provenance(), **process_facts()}
+            result["provenance"] = {**provenance(), **process_facts(), **placement_facts()}
             result["resumed_from_step"] = self.resumed_from or 0
             self._first = False
         if self.pending_facts:
@@ -262,6 +263,19 @@ def _kill_once(checkpoint_dir: str | None, kill: Callable[[], None]) -> None:
 
 
 # ------------------------------------------------------------------------------------- the attempt
+
+
+def placement_facts() -> dict[str, str]:
+    """Where Ray placed the attempt: the resources it reserved for it (a fraction of a GPU where
+    `resources.gpu` asks for one: several trials or packs share that GPU) and the GPU ids it assigned."""
+    if not ray.is_initialized():  # a direct call, outside a Ray worker: nothing placed it (and no Ray to start)
+        return {}
+    try:
+        assigned = ray.get_runtime_context().get_assigned_resources()
+        gpus = ray.get_gpu_ids()
+    except Exception:  # noqa: BLE001 - outside a Ray worker (a direct call): nothing placed it
+        return {}
+    return {"ray_resources": json.dumps(assigned, sort_keys=True), "ray_gpu_ids": ",".join(map(str, gpus))}
 
 
 def is_infrastructure(exc: BaseException) -> bool:
@@ -351,10 +365,11 @@ def assigned_device() -> str:
 
 
 def run_group_attempt(group: dict[str, Any], report: Report, *, device: str | None = None) -> list[str]:
-    """One attempt of a cell's seeds trained together (`train.vectorize_seeds`): each seed reports as
-    its own trial (every result names its `trial_key`) and ends with its own final report. A Python
-    error fails every seed of the group (class error); infrastructure failures propagate. Reports are
-    sent on the training thread: a sender thread per seed would call `report` concurrently."""
+    """One attempt of a pack (`train.pack`: trials trained together as one batched model): each member reports
+    as its own trial (every result names its `trial_key`), resumes from and writes its own checkpoints, and
+    ends with its own final report. A Python error fails every member (class error); infrastructure failures
+    propagate (Tune retries the pack; each member resumes from its checkpoint). Reports are sent on the
+    training thread: a sender thread per member would call `report` concurrently."""
     from ...train.vectorized import run_trials_together
 
     members = group["group"]
@@ -366,10 +381,16 @@ def run_group_attempt(group: dict[str, Any], report: Report, *, device: str | No
         )
         for m in members
     ]
-    cell = group["cell"]
+    checkpoints = [m.get("checkpoint_dir") for m in members]
     try:
         torch.set_num_threads(max(1, int(group["threads"])))
-        finals = run_trials_together(cell, [m["seed"] for m in members], reporters, device=device)
+        finals = run_trials_together(
+            [m["cell"] for m in members],
+            [m["seed"] for m in members],
+            reporters,
+            device=device,
+            checkpoints=checkpoints if all(checkpoints) else None,
+        )
     except Exception as exc:
         if is_infrastructure(exc):
             raise
@@ -377,11 +398,11 @@ def run_group_attempt(group: dict[str, Any], report: Report, *, device: str | No
             reporter.finish("error", reporter.step, reporter.latest, **_describe(exc))
         return ["error"] * len(members)
     outcomes = []
-    for reporter, final in zip(reporters, finals, strict=True):
-        if isinstance(final, Diverged):  # one seed diverged; the others trained on
+    for member, reporter, final in zip(members, reporters, finals, strict=True):
+        if isinstance(final, Diverged):  # one member diverged; the others trained on
             reporter.finish("diverged", final.step, final.metrics or reporter.latest, reason=final.reason)
             outcomes.append("diverged")
         else:
-            reporter.finish("succeeded", int(cell["train"]["steps"]), final)
+            reporter.finish("succeeded", int(member["cell"]["train"]["steps"]), final)
             outcomes.append("succeeded")
     return outcomes

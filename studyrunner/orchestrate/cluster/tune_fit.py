@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 
+from ...train.packing import pack_key, pack_size
 from ...workspace import Workspace, checkpoint_location
 from ..run_types import RunOptions
 from ..submission import HEARTBEAT_S
@@ -19,8 +21,8 @@ from .warm_workers import tune_actors_on_warm_workers
 
 def trial_payloads(study, to_run, workspace: Workspace, teachers: dict | None = None) -> list[dict]:
     """What each Tune trial's worker gets: the resolved config, seed and the knobs of how it runs (and a
-    conversion's teacher, orchestrate/teachers.py); a cell with `train.vectorize_seeds` sends its seeds as one group
-    (one process trains them together)."""
+    conversion's teacher, orchestrate/teachers.py); trials with `train.pack` go as packs of at most
+    `train.pack_size` (one process trains each pack as one batched model: train/packing.py says which pack)."""
     driver_kills()  # a malformed fault-injection setting fails now, not mid-study
     single = [
         {
@@ -43,24 +45,30 @@ def trial_payloads(study, to_run, workspace: Workspace, teachers: dict | None = 
             from .distributed import distributed_payload
 
             payload.update(distributed_payload(study.resources, workspace.ray_storage()))
-    payloads, groups = [], {}
+    payloads, packs = [], {}
     for trial, payload in zip(to_run, single, strict=True):
-        if trial.config["train"].get("vectorize_seeds") and not payload["inject_fault"]:
-            groups.setdefault(trial.cell_hash, []).append(payload)
+        key = pack_key(trial.config, trial.cell_hash)
+        if key is not None and not payload["inject_fault"] and not payload["inject"]:
+            packs.setdefault(key, []).append(payload)  # a trial with injected faults runs alone
         else:
             payloads.append(payload)
-    for cell_hash, members in groups.items():
-        if len(members) == 1:
-            payloads.append(members[0])
-            continue
-        payloads.append(
-            {
-                **{k: members[0][k] for k in ("cell", "threads", "divergence", "heartbeat_s")},
-                "trial_key": f"{study.name}-{cell_hash}-x{len(members)}",
-                "group": members,
-            }
-        )
+    for key, members in packs.items():
+        size = pack_size(members[0]["cell"])
+        for start in range(0, len(members), size):
+            chunk = members[start : start + size]
+            payloads.append(chunk[0] if len(chunk) == 1 else _pack_payload(study.name, key, chunk))
     return payloads
+
+
+def _pack_payload(study_name: str, key: str, members: list[dict]) -> dict:
+    """One Tune trial for a pack: its members' payloads, named after the pack and its members."""
+    first = members[0]
+    digest = hashlib.sha256(" ".join(m["trial_key"] for m in members).encode()).hexdigest()[:8]
+    return {
+        **{k: first[k] for k in ("cell", "threads", "divergence", "heartbeat_s")},
+        "trial_key": f"{study_name}-{key}-{digest}-x{len(members)}",
+        "group": members,
+    }
 
 
 def fit_trials(

@@ -1,5 +1,6 @@
-"""Seeds trained together (`train.vectorize_seeds`): each seed's records and final
-metrics equal its separate `run_trial` run up to float rounding; what cannot be batched is refused.
+"""Packed trials (`train.pack`, train/vectorized.py): each member's records, checkpoints and final metrics
+equal its separate `run_trial` run up to float rounding, for every family, for members that differ in their
+learning rate, warmup or init bias, and across a kill and resume; what cannot be packed is refused.
 
 Tolerance. The batched step sums in another order than a separate run's kernels (batched matmuls, and
 attention written out as matmuls under vmap instead of the fused kernel), so values agree to float
@@ -7,14 +8,19 @@ rounding (~1e-7 relative after 30 steps here), not bit for bit: losses and every
 to rtol 1e-4. Eval accuracy and exact match are fractions of examples; a near-tie between two logits
 could flip one example, so they are held to one example (they came out equal here)."""
 
+import copy
+import json
 import math
 
 import pytest
+import yaml
 from conftest import TINY_STUDY
 
+from studyrunner.errors import SpecError
 from studyrunner.models.looped import LoopedTransformer
 from studyrunner.study import compile_study, loads
 from studyrunner.train import Diverged, MemoryReporter, run_trial
+from studyrunner.train.packing import shape_key
 from studyrunner.train.vectorized import run_trials_together
 
 TIMING = {"tokens_per_sec", "step_time_ms", "train_time_s"}
@@ -26,6 +32,14 @@ def tiny_config(**train):
     config["train"].update({"steps": 30, "log_every": 5, **train})
     config["eval"].update(every=10)
     return config
+
+
+def compile_config(config):
+    """`config` as the compiler resolves it (a family's defaults filled in)."""
+    study = {**yaml.safe_load(TINY_STUDY), **{k: config[k] for k in ("task", "model", "train", "eval")}}
+    study.pop("grid")
+    text = yaml.safe_dump(study)
+    return compile_study(loads(text)).cells[0].config
 
 
 def separately(config, seeds):
@@ -72,6 +86,114 @@ def test_each_seed_matches_its_separate_run():
         # the shared step's throughput: every seed reports the same figures
         assert reporter.series("step_time_ms") == reporters[0].series("step_time_ms")
     assert finals[0]["train_loss"] != finals[1]["train_loss"]  # the seeds really are different trials
+
+
+# Every family packed, with its mechanisms on: halting (ACT, PonderNet-style loops with a memory bank), LoopLM's
+# weighted exits, MELT's shared KV cache and interpolation, LoopFormer's drawn short runs (each member draws
+# from its own generator: the members run in groups of equal draws).
+FAMILIES = {
+    "looped": ("looped", {"block_layers": 2, "loops": 2, "memory_slots": 2}),
+    "ut_act": ("ut_act", {"loops": 3, "memory_slots": 2}),
+    "adaptive_layers": ("adaptive_layers", {"n_layers": 2, "loops": 3, "memory_slots": 2, "memory_global_slots": 1}),
+    "looplm": ("looplm", {"block_layers": 1, "loops": 3}),
+    "melt": ("melt", {"block_layers": 1, "loops": 2, "interpolate_steps": 4}),
+    "loopformer_shortcut": (
+        "loopformer",
+        {"loops": 4, "conditioning": "time_step", "objective": "shortcut_consistency"},
+    ),
+    "loopformer_early_exit": ("loopformer", {"loops": 4, "conditioning": "none", "objective": "early_exit"}),
+}
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_every_family_packed_matches_its_separate_runs(name):
+    family, params = FAMILIES[name]
+    config = tiny_config(steps=10, log_every=5)
+    config["model"] = {"family": family, "params": {"d_model": 16, "n_heads": 2, **params}}
+    config["eval"].update(every=5)
+    config = compile_config(config)
+    reporters, finals = together(config, [0, 1, 2])
+    runs = separately(config, [0, 1, 2])
+    for (separate, final), reporter, final_together in zip(runs, reporters, finals, strict=True):
+        assert_same_trial(separate, final, reporter, final_together, config["eval"]["examples"])
+    assert finals[0]["train_loss"] != finals[1]["train_loss"]
+
+
+def test_members_of_different_cells_match_their_separate_runs():
+    # one shape, three cells: learning rate, warmup, weight decay, clip and a halting bias init differ
+    base = tiny_config(steps=10, log_every=5)
+    base["model"] = {"family": "ut_act", "params": {"d_model": 16, "n_heads": 2, "loops": 3}}
+    base["eval"].update(every=5)
+    changes = [
+        {},
+        {"train": {"lr": 3e-3, "warmup_steps": 4, "weight_decay": 0.0, "grad_clip": 0.5}},
+        {"train": {"lr": 5e-4, "ponder_lambda": 0.05}, "params": {"halt_bias_init": 2.0}},
+    ]
+    configs = []
+    for change in changes:
+        config = copy.deepcopy(base)
+        config["train"].update(change.get("train", {}))
+        config["model"]["params"].update(change.get("params", {}))
+        configs.append(compile_config(config))
+    assert len({shape_key(c) for c in configs}) == 1 and len({json.dumps(c, sort_keys=True) for c in configs}) == 3
+    seeds = [0, 0, 1]
+    reporters = [MemoryReporter() for _ in seeds]
+    finals = run_trials_together(configs, seeds, reporters)
+    for config, seed, reporter, final_together in zip(configs, seeds, reporters, finals, strict=True):
+        ((separate, final),) = separately(config, [seed])
+        assert_same_trial(separate, final, reporter, final_together, config["eval"]["examples"])
+    assert finals[0]["train_loss"] != finals[1]["train_loss"]  # same seed, another cell: another trial
+
+
+def test_a_pack_killed_midway_resumes_to_its_separate_runs(tmp_path):
+    # A kill after the step-4 checkpoints: the pack resumes from them; one member's checkpoint is rolled back
+    # a step (a kill between two members' saves), so the pack holds the other until it catches up. A member
+    # also resumes alone from its packed checkpoint.
+    class Killed(Exception):
+        pass
+
+    class KillAfter(MemoryReporter):
+        def tick(self, step):
+            if step == 6:
+                raise Killed
+
+    config = tiny_config(steps=10, log_every=2, checkpoint_every=2)
+    config["model"] = {
+        "family": "loopformer",
+        "params": {
+            "d_model": 16,
+            "n_heads": 2,
+            "loops": 4,
+            "conditioning": "time_step",
+            "objective": "shortcut_consistency",
+        },
+    }
+    config["eval"].update(every=5)
+    config = compile_config(config)
+    seeds = [0, 1, 2]
+    where = [tmp_path / f"m{s}" for s in seeds]
+    with pytest.raises(Killed):
+        run_trials_together(config, seeds, [MemoryReporter(), MemoryReporter(), KillAfter()], checkpoints=where)
+    assert all(any(w.iterdir()) for w in where), "the pack wrote each member's checkpoints where its own run would"
+    _drop_newest_checkpoint(where[1])
+    reporters = [MemoryReporter() for _ in seeds]
+    finals = run_trials_together(config, seeds, reporters, checkpoints=where)
+    for (_, final), reporter, final_together in zip(separately(config, seeds), reporters, finals, strict=True):
+        assert {k: v for k, v in final.items() if k not in TIMING} == pytest.approx(
+            {k: v for k, v in final_together.items() if k not in TIMING}, rel=1e-4, abs=1e-7
+        )
+        assert reporter.starts and reporter.starts[-1] in (4, 6)
+    alone = MemoryReporter()
+    final_alone = run_trial(config, 2, alone, tmp_path / "m2")  # already finished: resumes at its last step
+    assert final_alone["train_loss"] == pytest.approx(finals[2]["train_loss"], rel=1e-6)
+
+
+def _drop_newest_checkpoint(folder):
+    from studyrunner.train.checkpoint import open_storage, step_of
+
+    storage = open_storage(folder)
+    newest = max((n for n in storage.names() if step_of(n) is not None), key=step_of)
+    storage.delete(newest)
 
 
 def test_aux_terms_memory_rope_and_watched_gradients_match(monkeypatch):
@@ -143,27 +265,26 @@ def test_a_reporter_raising_diverged_ends_its_seed_only():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"family": "ut_act"}, "halting family"),
-        ({"family": "adaptive_layers"}, "halting family"),
         ({"compile": "default"}, "train.compile"),
         ({"dropout": 0.1}, "dropout"),
-        ({"checkpoints": "somewhere"}, "checkpoints are not supported"),
+        ({"lr_groups": {"rest": 1e-3}}, "train.lr_groups"),
+        ({"other_shape": True}, "differ in more than the member fields"),
     ],
 )
-def test_what_cannot_be_batched_is_refused(change, message, tmp_path):
+def test_what_cannot_be_packed_is_refused(change, message):
     config = tiny_config(steps=4)
-    kw = {}
-    if "family" in change:
-        config["model"] = {"family": change["family"], "params": {"d_model": 16, "n_heads": 2, "loops": 2}}
+    configs = [config, copy.deepcopy(config)]
     if "compile" in change:
         config["train"]["compile"] = change["compile"]
     if "dropout" in change:
         config["model"]["params"]["dropout"] = change["dropout"]
-    if "checkpoints" in change:
-        kw["checkpoints"] = tmp_path
+    if "lr_groups" in change:
+        config["train"]["lr_groups"] = change["lr_groups"]
+    if "other_shape" in change:
+        configs[1]["model"]["params"]["loops"] = 3
     reporters = [MemoryReporter(), MemoryReporter()]
-    with pytest.raises(ValueError, match="train.vectorize_seeds") as refused:
-        run_trials_together(config, [0, 1], reporters, **kw)
+    with pytest.raises(ValueError, match="train.pack") as refused:
+        run_trials_together(configs if "other_shape" in change else config, [0, 1], reporters)
     assert message in str(refused.value)
     assert all(r.rows == [] for r in reporters)  # refused before any work
 
@@ -179,3 +300,11 @@ def test_the_knob_leaves_cell_hashes_unchanged_when_unset():
     on = compile_study(loads(text.replace("grad_clip: 1.0}", "grad_clip: 1.0, vectorize_seeds: true}")))
     assert on.cells[0].config["train"]["vectorize_seeds"] is True
     assert on.cells[0].cell_hash != unset.cells[0].cell_hash  # set, it is part of the cell
+
+
+def test_what_cannot_pack_is_refused_at_validate():
+    text = TINY_STUDY.replace("grad_clip: 1.0,", "grad_clip: 1.0, pack: seeds,").replace(
+        "loops: 1}", "loops: 1, dropout: 0.1}"
+    )
+    with pytest.raises(SpecError, match=r"train.pack.*dropout"):
+        compile_study(loads(text))

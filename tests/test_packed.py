@@ -308,3 +308,19 @@ def test_what_cannot_pack_is_refused_at_validate():
     )
     with pytest.raises(SpecError, match=r"train.pack.*dropout"):
         compile_study(loads(text))
+
+
+def test_a_pack_reads_its_losses_back_only_where_a_member_books(monkeypatch):
+    # 10 steps, records and evaluations every 5: two reads from the device, not ten; the records are a
+    # separate run's all the same
+    from studyrunner.train import vectorized
+
+    bookings = []
+    book = vectorized.Pack._book
+    monkeypatch.setattr(vectorized.Pack, "_book", lambda self, *a: (bookings.append(self.step), book(self, *a)))
+    config = tiny_config(steps=10, log_every=5)
+    config["eval"].update(every=5)
+    reporters, finals = together(config, [0, 1])
+    assert bookings == [5, 10]
+    for (separate, final), reporter, final_together in zip(separately(config, [0, 1]), reporters, finals, strict=True):
+        assert_same_trial(separate, final, reporter, final_together, config["eval"]["examples"])

@@ -54,6 +54,7 @@ import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -132,6 +133,23 @@ def _member_configs(configs, n_seeds: int, n_reporters: int) -> list[TrialConfig
     return members
 
 
+BOOK_EVERY = 50  # steps at most between two bookings (reads from the device) when nothing is due sooner
+
+
+@dataclass
+class TakenStep:
+    """One shared step, to be booked: its 0-based `step`, the members that took part, their losses (a device
+    tensor, read at booking), gradient norms, aux terms and weights, and input tokens, per member."""
+
+    step: int
+    members: list[int]
+    losses: torch.Tensor
+    grad_norms: list[dict[str, torch.Tensor]]
+    aux: list[dict[str, torch.Tensor]]
+    weights: list[dict[str, float]]
+    tokens: list[int]
+
+
 class Pack:
     """The members' stacked weights, their optimizer and the shared training step, and the loop over steps."""
 
@@ -165,11 +183,14 @@ class Pack:
         self.grad_groups = {g: [ids[id(p)] for p in ps] for g, ps in trials[0].grad_groups.items()}
         self.held = self._hold_members_ahead()
         self.prefetchers: list[Prefetcher] = []
-        self.step_tokens = [0] * self.n  # each member's batch of the latest step
+        self.pending: list[TakenStep] = []  # steps taken since the last booking (`_book`)
+        self.booked_at = time.perf_counter()
+        self.readbacks = 0  # bookings so far: the only reads from the device in the loop
 
     # ------------------------------------------------------------------------------------- the loop
 
     def run(self, stores: list[Checkpoints | None], reporters: Sequence[Reporter]) -> list[dict[str, float] | Diverged]:
+        self.stores = stores
         for i, trial in enumerate(self.trials):
             send_start(reporters[i], self.progress[i].step)
             if self.progress[i].step > 0:
@@ -181,11 +202,10 @@ class Pack:
         try:
             while self.step < self.steps and any(self.ended[i] is None for i in range(self.n)):
                 self._release_held()  # the members whose step the pack has reached take part from this one
-                losses, grad_norms, aux, weights, elapsed = self.train_step(self.step)
+                self.pending.append(self.train_step(self.step))
                 self.step += 1
-                for i in range(self.n):
-                    if self.live(i):
-                        self._after(i, losses[i], grad_norms[i], aux[i], weights[i], elapsed, stores[i], reporters[i])
+                if self._booking_due():
+                    self._book(stores, reporters)
         finally:
             self.stop_prefetch()
         for i in range(self.n):
@@ -195,19 +215,49 @@ class Pack:
     def live(self, i: int) -> bool:
         return self.ended[i] is None and i not in self.held
 
-    def _after(self, i, loss, grad_norms, aux, weights, elapsed, store, reporter) -> None:
-        """Member i's bookkeeping after the shared step: as `engine.train_step` ends, then `trainer.after_step`."""
-        trial, progress = self.trials[i], self.progress[i]
+    def _booking_due(self) -> bool:
+        """Whether the steps taken since the last booking are booked now: where a live member records,
+        evaluates or saves a checkpoint (which need its values and its current weights), at the last step,
+        or after `BOOK_EVERY` steps (heartbeats, divergence). Between bookings nothing is read back from
+        the device: the losses stay tensors (one read per booking, not one per step)."""
+        if self.step == self.steps or len(self.pending) >= BOOK_EVERY:
+            return True
+        for i in range(self.n):
+            trial, store = self.trials[i], self.stores[i]
+            if self.live(i) and (
+                trial.record_due(self.step)
+                or self.step % trial.ev.every == 0
+                or (store is not None and store.due(self.step))
+            ):
+                return True
+        return False
+
+    def _book(self, stores: list[Checkpoints | None], reporters: Sequence[Reporter]) -> None:
+        """Each member's bookkeeping for the steps taken since the last booking, in order (one device read)."""
+        steps, self.pending = self.pending, []
+        losses = torch.stack([taken.losses for taken in steps]).tolist()  # (steps, members): the one sync
+        now = time.perf_counter()
+        elapsed, self.booked_at = (now - self.booked_at) / len(steps), now
+        self.readbacks += 1
+        for row, taken in zip(losses, steps, strict=True):
+            for i in taken.members:
+                if self.ended[i] is None:
+                    self._after(i, taken, row[i], elapsed, stores[i], reporters[i])
+
+    def _after(self, i: int, taken: TakenStep, loss: float, elapsed: float, store, reporter) -> None:
+        """Member i's bookkeeping of one step: as `engine.train_step` ends, then `trainer.after_step`. Only a
+        booking's last step can evaluate or save (`_booking_due`), so the weights loaded are that step's."""
+        trial, progress, step = self.trials[i], self.progress[i], taken.step + 1
         if not math.isfinite(loss):
-            self.ended[i] = Diverged(self.step, f"train loss is {loss} at step {self.step}")
+            self.ended[i] = Diverged(step, f"train loss is {loss} at step {step}")
             self.ended[i].metrics = self.summary(i)
             return
-        tokens = self.step_tokens[i]  # its own batch: its FLOPs and throughput count what it trained on
-        progress.window.add(loss, elapsed, aux, grad_norms, weights)
+        tokens = taken.tokens[i]  # its own batch: its FLOPs and throughput count what it trained on
+        progress.window.add(loss, elapsed, taken.aux[i], taken.grad_norms[i], taken.weights[i])
         progress.add_step(elapsed, tokens)
-        lr = trial.lr(self.step - 1)
-        evaluates = self.step % trial.ev.every == 0 or self.step == self.steps
-        saves = store is not None and store.due(self.step)
+        lr = trial.lr(step - 1)
+        evaluates = step % trial.ev.every == 0 or step == self.steps
+        saves = store is not None and store.due(step)
         if evaluates or saves:
             self.load_into(i)
         if saves:
@@ -262,15 +312,14 @@ class Pack:
 
     # ----------------------------------------------------------------------------------- the step
 
-    def train_step(self, step: int):
-        """One optimizer step of every member on its batch of `step`: (losses, grad norms, aux terms and aux
-        weights per member, elapsed seconds)."""
-        started = time.perf_counter()
+    def train_step(self, step: int) -> TakenStep:
+        """One optimizer step of every member on its batch of `step` (nothing read back from the device)."""
         batches = self.batches_of(step)
         if isinstance(self.base, StepDependent):  # step-dependent state (MELT's alpha): the same for every member
             self.base.set_train_step(step)
             for trial in self.trials:  # and on each member's own model, which evaluates
                 trial.step_hook(step)
+        members = [i for i in range(self.n) if self.live(i)]
         with self.runtime.autocast():
             outputs = self._forward(batches, self._draws())
             losses, aux, weights = [], [], []
@@ -287,9 +336,9 @@ class Pack:
         torch.stack(losses).sum().backward()
         grad_norms = self._clip_and_measure()
         self._apply_updates(step)
-        values = torch.stack([loss.detach().float() for loss in losses]).tolist()
-        self.step_tokens = [b.inputs.numel() for b in batches]
-        return values, grad_norms, aux, weights, time.perf_counter() - started
+        detached = torch.stack([loss.detach().float() for loss in losses])
+        tokens = [b.inputs.numel() for b in batches]
+        return TakenStep(step, members, detached, grad_norms, aux, weights, tokens)
 
     def _draws(self) -> list[Any]:
         """Each live member's training draw, from its own generator state (None where the model draws nothing)."""

@@ -13,6 +13,7 @@ import json
 import math
 
 import pytest
+import torch
 import yaml
 from conftest import TINY_STUDY
 
@@ -324,3 +325,64 @@ def test_a_pack_reads_its_losses_back_only_where_a_member_books(monkeypatch):
     assert bookings == [5, 10]
     for (separate, final), reporter, final_together in zip(separately(config, [0, 1]), reporters, finals, strict=True):
         assert_same_trial(separate, final, reporter, final_together, config["eval"]["examples"])
+
+
+# ------------------------------------------------------------------------------ the step as a CUDA graph
+
+
+def build_pack(config, seeds=(0, 1), nan_at=None):
+    from studyrunner.train.config import TrialConfig
+    from studyrunner.train.trainer import build_trial
+    from studyrunner.train.trial_progress import Progress
+    from studyrunner.train.vectorized import Pack
+
+    trials = [build_trial(TrialConfig.of(config), s) for s in seeds]
+    rng = [torch.get_rng_state() for _ in seeds]
+    return Pack(trials, [Progress() for _ in seeds], rng, nan_at or [None] * len(seeds))
+
+
+@pytest.mark.parametrize(
+    ("family", "params", "train", "reason"),
+    [
+        ("looped", {"loops": 2}, {}, "not on a CUDA device"),
+        ("loopformer", {"loops": 4, "objective": "shortcut_consistency"}, {}, "draws its training computation"),
+        ("loopformer", {"loops": 4, "objective": "fixed"}, {}, "not on a CUDA device"),
+        ("melt", {"loops": 2, "interpolate_steps": 4}, {}, "changes with the step"),
+        ("ut_act", {"loops": 3}, {"ponder_lambda": 0.01, "ponder_lambda_warmup_steps": 5}, "ponder_lambda_warmup"),
+    ],
+)
+def test_which_packs_can_be_one_cuda_graph(family, params, train, reason):
+    from studyrunner.train.packed_graph import graph_problem
+
+    config = tiny_config(steps=10)
+    config["model"] = {"family": family, "params": {"d_model": 16, "n_heads": 2, **params}}
+    config["train"].update(train)
+    pack = build_pack(compile_config(config))
+    assert reason in graph_problem(pack)
+    assert pack.graph is None  # on the CPU a pack never has one
+    assert "fault is injected" in graph_problem(build_pack(tiny_config(steps=10), nan_at=[None, 3]))
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_dense_loss_a_graph_captures_equals_the_masked_one(weighted):
+    from studyrunner.tasks import build_task
+
+    task = build_task("addition", {"digits": 3}, 0)
+    batch = task.train_batch(0, 8)
+    torch.manual_seed(0)
+    logits = torch.randn(*batch.inputs.shape, task.facts.vocab_size)
+    weights = torch.rand(batch.inputs.shape) if weighted else None
+    masked = task.loss(logits, batch, weights)
+    assert batch.loss_mask.sum() < batch.loss_mask.numel()  # some positions are not scored
+    assert task.loss(logits, batch, weights, dense=True) == pytest.approx(masked.item(), rel=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a CUDA device (benchmarks/gpu_suite.py)")
+def test_a_pack_replayed_as_a_cuda_graph_trains_as_the_eager_pack():
+    config = tiny_config(steps=40, log_every=10, device="cuda")
+    config["eval"].update(every=20)
+    graphed = [MemoryReporter(), MemoryReporter()]
+    finals = run_trials_together(config, [0, 1], graphed)
+    eager = separately({**config, "train": {**config["train"], "device": "cuda"}}, [0, 1])
+    for (_, final), final_graphed in zip(eager, finals, strict=True):
+        assert final_graphed["train_loss"] == pytest.approx(final["train_loss"], rel=1e-3)

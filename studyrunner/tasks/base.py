@@ -154,10 +154,20 @@ class Task:
             out[f"eval_{kind}"] = _mean_levels([kinds[kind] for kinds in per_split.values()])
         return out
 
-    def loss(self, logits: torch.Tensor, batch: Batch, weights: torch.Tensor | None = None) -> torch.Tensor:
+    def loss(
+        self, logits: torch.Tensor, batch: Batch, weights: torch.Tensor | None = None, *, dense: bool = False
+    ) -> torch.Tensor:
         """Mean cross-entropy over the scored positions; with `weights` (B, T), of each position's
-        cross-entropy times its weight (one term of an expected loss over a model's exits)."""
+        cross-entropy times its weight (one term of an expected loss over a model's exits). `dense`: the same
+        mean over every position with the mask as a 0/1 weight, with no indexing by the mask, whose result
+        size the host must read (what a CUDA graph can capture: train/packed_graph.py); equal up to rounding."""
         mask = batch.loss_mask
+        if dense:
+            per_token = F.cross_entropy(logits.flatten(0, -2), batch.targets.flatten(), reduction="none")
+            scored = mask.flatten().to(per_token.dtype)
+            if weights is not None:
+                scored = scored * weights.flatten().to(per_token.dtype)
+            return (per_token * scored).sum() / mask.sum()
         if weights is None:
             return F.cross_entropy(logits[mask], batch.targets[mask])
         per_token = F.cross_entropy(logits[mask], batch.targets[mask], reduction="none")

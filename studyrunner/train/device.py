@@ -78,10 +78,11 @@ class Runtime:
         if self.on_cuda:
             torch.cuda.set_device(self.device)
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """The context the forward and loss run in: bf16 autocast, or nothing."""
+    def autocast(self, cache: bool = True) -> contextlib.AbstractContextManager:
+        """The context the forward and loss run in: bf16 autocast, or nothing. `cache=False` where the step is
+        captured in a CUDA graph (autocast's cast cache must not outlive a capture)."""
         if self.precision == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+            return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=cache)
         return contextlib.nullcontext()
 
     def compiled(self, model: torch.nn.Module) -> torch.nn.Module:

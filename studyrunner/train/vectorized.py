@@ -69,6 +69,7 @@ from .engine import objective
 from .hooks import DrawsInTraining, StepDependent
 from .optim import set_lr
 from .outcomes import Diverged
+from .packed_graph import DenseLoss, graphed_step
 from .packing import KNOB, check_packable, shape_key
 from .prefetch import Prefetcher, prefetch_enabled
 from .reporter import Reporter, send_facts, send_replay, send_start
@@ -174,11 +175,21 @@ class Pack:
         self.forward = vmap(self._one, in_dims=(0, 0 if self.batched_buffers else None, 0))
         self.names = list(params)
         self.decayed = {n for n in self.names if params[n].dim() - 1 >= 2}  # matrices per member
-        kind = {"fused": True} if self.runtime.on_cuda else {"foreach": True}
+        # On a GPU, capturable: the whole step can then be one CUDA graph (packed_graph.py).
+        kind = {"fused": True, "capturable": True} if self.runtime.on_cuda else {"foreach": True}
         # Rate 1, no decay: each step gives every element's Adam direction; `_apply_updates` scales it per member.
         betas = trials[0].train.betas
         self.optimizer = torch.optim.AdamW(list(params.values()), lr=1.0, weight_decay=0.0, betas=betas, **kind)
         self._import_optimizer_state()
+        # Per-member constants and the learning rates of the step, as device tensors: the step reads them
+        # there, so it can be captured in a CUDA graph (packed_graph.py) and replayed with new rates.
+        device = self.runtime.device
+        self.clip = torch.tensor([t.train.grad_clip for t in trials], device=device)
+        self.clips = any(t.train.grad_clip > 0 for t in trials)
+        self.decay = torch.tensor([t.train.weight_decay for t in trials], device=device)
+        self.rates = torch.zeros(self.n, device=device)
+        self.aux_terms = [t.config.model.family_params().aux_terms() for t in trials]  # what each member weighs
+        self.graph = graphed_step(self)  # None: eager steps (packed_graph.graph_problem says why)
         ids = {id(p): n for n, p in models[0].named_parameters()}
         self.grad_groups = {g: [ids[id(p)] for p in ps] for g, ps in trials[0].grad_groups.items()}
         self.held = self._hold_members_ahead()
@@ -313,32 +324,44 @@ class Pack:
     # ----------------------------------------------------------------------------------- the step
 
     def train_step(self, step: int) -> TakenStep:
-        """One optimizer step of every member on its batch of `step` (nothing read back from the device)."""
+        """One optimizer step of every member on its batch of `step` (nothing read back from the device):
+        replayed as a CUDA graph where the pack has one (packed_graph.py), else run eagerly."""
         batches = self.batches_of(step)
         if isinstance(self.base, StepDependent):  # step-dependent state (MELT's alpha): the same for every member
             self.base.set_train_step(step)
             for trial in self.trials:  # and on each member's own model, which evaluates
                 trial.step_hook(step)
         members = [i for i in range(self.n) if self.live(i)]
-        with self.runtime.autocast():
-            outputs = self._forward(batches, self._draws())
-            losses, aux, weights = [], [], []
+        self.rates.copy_(torch.tensor([t.lr(step) for t in self.trials]), non_blocking=True)
+        weights = [aux_weights(step, t.train, terms) for t, terms in zip(self.trials, self.aux_terms, strict=True)]
+        taken = self.graph.step(step, batches, weights) if self.graph is not None else None
+        if taken is None:
+            self.optimizer.zero_grad(set_to_none=True)
+            taken = self.step_body(batches, self._draws(), weights, step)
+        losses, grad_norms, aux = taken
+        tokens = [b.inputs.numel() for b in batches]
+        return TakenStep(step, members, losses, grad_norms, aux, weights, tokens)
+
+    def step_body(self, batches: list[Batch], draws: list[Any], weights: list[dict[str, float]], step: int):
+        """The step's device work, and nothing that reads from the device or makes host tensors (a CUDA graph
+        captures it as it is): forward, each member's objective, backward, clipping, AdamW. Returns the
+        members' losses (S,), gradient norms and aux terms."""
+        with self.runtime.autocast(cache=self.graph is None):
+            outputs = self._forward(batches, draws)
+            losses, aux = [], []
             for i, (trial, batch, out) in enumerate(zip(self.trials, batches, outputs, strict=True)):
+                task = trial.task if self.graph is None else DenseLoss(trial.task)  # a graph cannot index by mask
                 for name, logits in out.aux_logits.items():  # extra predictions, scored like the main one
-                    out.aux[name] = trial.task.loss(logits, batch)
-                weights.append(aux_weights(step, trial.train, out.aux))
-                loss = objective(trial.task, out, batch, trial.train, weights[i])
+                    out.aux[name] = task.loss(logits, batch)
+                loss = objective(task, out, batch, trial.train, weights[i])
                 if self.nan_at[i] == step + 1:
                     loss = loss * float("nan")
                 losses.append(loss)
-                aux.append(out.aux)
-        self.optimizer.zero_grad(set_to_none=True)
+                aux.append({name: term.detach() for name, term in out.aux.items()})
         torch.stack(losses).sum().backward()
         grad_norms = self._clip_and_measure()
-        self._apply_updates(step)
-        detached = torch.stack([loss.detach().float() for loss in losses])
-        tokens = [b.inputs.numel() for b in batches]
-        return TakenStep(step, members, detached, grad_norms, aux, weights, tokens)
+        self._apply_updates()
+        return torch.stack([loss.detach().float() for loss in losses]), grad_norms, aux
 
     def _draws(self) -> list[Any]:
         """Each live member's training draw, from its own generator state (None where the model draws nothing)."""
@@ -391,11 +414,11 @@ class Pack:
         measured: list[dict[str, torch.Tensor]] = [{} for _ in range(self.n)]
         for group, names in self.grad_groups.items():
             present = [norms[name] for name in names if name in norms]
-            total = torch.linalg.vector_norm(torch.stack(present), dim=0) if present else torch.zeros(self.n)
+            total = torch.linalg.vector_norm(torch.stack(present), dim=0) if present else self.clip * 0
             for i in range(self.n):
                 measured[i][group] = total[i]
-        clip = torch.tensor([t.train.grad_clip for t in self.trials], device=self.runtime.device)
-        if grads and bool((clip > 0).any()):
+        clip = self.clip
+        if grads and self.clips:
             total = torch.linalg.vector_norm(torch.stack(list(norms.values())), dim=0)
             coef = torch.where(clip > 0, (clip / (total + 1e-6)).clamp(max=1.0), torch.ones_like(clip))
             for g in grads.values():
@@ -403,14 +426,14 @@ class Pack:
         return measured
 
     @torch.no_grad()
-    def _apply_updates(self, step: int) -> None:
+    def _apply_updates(self) -> None:
         """AdamW per member: the optimizer (rate 1, no decay) moves each element by its Adam direction d; each
-        member then takes p <- p (1 - lr wd) - lr d with its own lr (schedule at `step`) and decay."""
+        member then takes p <- p (1 - lr wd) - lr d with its own lr (`self.rates`: its schedule at this step)
+        and decay."""
         before = {name: p.detach().clone() for name, p in self.params.items()}
         self.optimizer.step()
         shape = lambda p: (-1, *([1] * (p.dim() - 1)))  # noqa: E731
-        lr = torch.tensor([t.lr(step) for t in self.trials], device=self.runtime.device)
-        decay = torch.tensor([t.train.weight_decay for t in self.trials], device=self.runtime.device)
+        lr, decay = self.rates, self.decay
         for name, p in self.params.items():
             old = before[name]
             direction = old - p

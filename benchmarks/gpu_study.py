@@ -1,6 +1,7 @@
 """Run the first look of one `studies/gpu/` study (its `start` seeds of every cell) on one GPU, without Ray or
-MLflow: each trial through `run_trial` in its own process, all at once (small cells are launch-bound, so
-processes sharing the GPU multiply its throughput), a JSON line per finished trial.
+MLflow: its trials in packs (`train.pack` as the study sets it, else each cell's seeds: train/packing.py), each
+pack in its own process, all at once (small cells are launch-bound, so packs and processes sharing the GPU
+multiply its throughput), a JSON line per finished trial.
 
     PYTHONPATH=. python benchmarks/gpu_study.py studies/gpu/faithful_ut_memory.yaml [--deadline 480]
 
@@ -32,66 +33,75 @@ class _Progress:
             self.queue.put({"progress": self.key, "step": step, self.metric: metrics[self.metric]})
 
 
-def _one(path: str, cell_index: int, seed: int, device: str, queue: Any) -> None:
+def _pack(path: str, members: list[tuple[int, int]], device: str, steps: int | None, queue: Any) -> None:
+    """Train one pack, [(cell index, seed)], and put each member's row on `queue`."""
     import torch
 
     from studyrunner.study import compile_study, loads
-    from studyrunner.train import run_trial
+    from studyrunner.train.vectorized import run_trials_together
 
     torch.set_num_threads(1)
     compiled = compile_study(loads(Path(path).read_text()))
-    cell = compiled.cells[cell_index]
-    config = dict(cell.config)
-    config["train"] = {**config["train"], "device": device}
+    metric = compiled.study.metric.name
+    configs = []
+    for index, _ in members:
+        config = dict(compiled.cells[index].config)
+        config["train"] = {**config["train"], "device": device, **({"steps": steps} if steps else {})}
+        configs.append(config)
+    reporters = [_Progress(queue, key, metric) for key in members]
     started = time.perf_counter()
     try:
-        final: dict[str, Any] = {
-            "status": "succeeded",
-            **run_trial(config, seed, _Progress(queue, (cell_index, seed), compiled.study.metric.name)),
-        }
-    except Exception as exc:  # noqa: BLE001 - a trial's failure is a row, as the orchestrator records it
-        final = {"status": "failed", "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"}
-    final["wall_s"] = round(time.perf_counter() - started, 1)
-    queue.put(
-        {
-            "cell_index": cell_index,
-            "cell_hash": cell.cell_hash,
-            "label": cell.label,
-            "overrides": cell.overrides,
-            "seed": seed,
-            **final,
-        }
-    )
+        finals: list[Any] = run_trials_together(configs, [seed for _, seed in members], reporters)
+    except Exception as exc:  # noqa: BLE001 - a pack's failure is each member's row, as the orchestrator records it
+        error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        finals = [{"status": "failed", "error": error}] * len(members)
+    wall = round(time.perf_counter() - started, 1)
+    for (index, seed), final in zip(members, finals, strict=True):
+        cell = compiled.cells[index]
+        if not isinstance(final, dict):  # Diverged: the member's metrics when it stopped
+            row = {"status": "diverged", **(final.metrics or {})}
+        else:
+            row = final if "status" in final else {"status": "succeeded", **final}
+        queue.put({"cell_index": index, "cell_hash": cell.cell_hash, "label": cell.label,
+                   "overrides": cell.overrides, "seed": seed, "pack": len(members), "wall_s": wall, **row})  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("study", type=Path)
-    parser.add_argument("--deadline", type=float, default=480.0, help="seconds; unfinished trials are left out")
-    parser.add_argument("--device", default=os.environ.get("DEV", "cuda"))
-    args = parser.parse_args()
+def packs_of(compiled, seeds: list[int]) -> list[list[tuple[int, int]]]:
+    """The first look's trials as packs: by the study's `train.pack`, else each cell's seeds."""
+    from studyrunner.train.packing import pack_key, pack_size
 
+    groups: dict[str, list[tuple[int, int]]] = {}
+    for index, cell in enumerate(compiled.cells):
+        key = pack_key(cell.config, cell.cell_hash) or f"cell-{cell.cell_hash}"
+        for seed in seeds:
+            groups.setdefault(key, []).append((index, seed))
+    packs = []
+    for members in groups.values():
+        size = pack_size(compiled.cells[members[0][0]].config)
+        packs += [members[i : i + size] for i in range(0, len(members), size)]
+    return packs
+
+
+def first_look(study: Path, deadline: float, device: str, out: Path, steps: int | None = None) -> dict[str, Any]:
+    """Run the study's first look (packs at once) until done or `deadline` seconds; rows to `out` (JSON lines)."""
     from studyrunner.study import compile_study, loads
 
-    compiled = compile_study(loads(args.study.read_text()))
+    compiled = compile_study(loads(study.read_text()))
     seeds = compiled.study.seeds
     first = list(range(seeds.start)) if hasattr(seeds, "start") else list(seeds)
-    out = Path(os.environ.get("OUT", ".")) / f"{compiled.study.name}.jsonl"
+    packs = packs_of(compiled, first)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [
-        ctx.Process(target=_one, args=(str(args.study), i, seed, args.device, queue))
-        for i in range(len(compiled.cells))
-        for seed in first
-    ]
+    procs = [ctx.Process(target=_pack, args=(str(study), members, device, steps, queue)) for members in packs]
     started = time.perf_counter()
     for proc in procs:
         proc.start()
-    print(f"{compiled.study.name}: {len(procs)} trials at once on {args.device}", flush=True)
+    total = sum(len(m) for m in packs)
+    print(f"{compiled.study.name}: {total} trials in {len(packs)} packs at once on {device}", flush=True)
     done, progress, finished = 0, {}, set()
     metric = compiled.study.metric.name
     with out.open("w") as sink:
-        while done < len(procs) and time.perf_counter() - started < args.deadline:
+        while done < total and time.perf_counter() - started < deadline:
             try:
                 row = queue.get(timeout=5)
             except Exception:  # noqa: BLE001 - queue.Empty: nothing finished in the last 5 s
@@ -103,20 +113,33 @@ def main() -> None:
             finished.add((row.pop("cell_index"), row["seed"]))
             sink.write(json.dumps(row, default=str) + "\n")
             sink.flush()
-            print(
-                f"{time.perf_counter() - started:6.0f}s {row['label']} seed {row['seed']}: "
-                f"{row['status']} {metric}={row.get(metric)} ({row['wall_s']} s)",
-                flush=True,
-            )
+            print(f"{time.perf_counter() - started:6.0f}s {row['label']} seed {row['seed']}: "
+                  f"{row['status']} {metric}={row.get(metric)} ({row['wall_s']} s)", flush=True)  # fmt: skip
         for (index, seed), last in sorted(progress.items()):
             if (index, seed) not in finished:  # stopped at the deadline: how far it got, not a result
                 cell = compiled.cells[index]
                 row = {"cell_hash": cell.cell_hash, "label": cell.label, "overrides": cell.overrides, "seed": seed}
                 sink.write(json.dumps({**row, "status": "unfinished", **last}, default=str) + "\n")
+    wall = time.perf_counter() - started
     for proc in procs:
         if proc.is_alive():
             proc.kill()
-    print(f"{done} of {len(procs)} trials finished in {time.perf_counter() - started:.0f} s -> {out}", flush=True)
+    print(f"{done} of {total} trials finished in {wall:.0f} s -> {out}", flush=True)
+    return {"study": compiled.study.name, "trials": total, "packs": len(packs), "finished": done,
+            "wall_s": round(wall, 1), "deadline_s": deadline, "rows": str(out)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("study", type=Path)
+    parser.add_argument("--deadline", type=float, default=480.0, help="seconds; unfinished trials are left out")
+    parser.add_argument("--device", default=os.environ.get("DEV", "cuda"))
+    args = parser.parse_args()
+
+    from studyrunner.study import compile_study, loads
+
+    name = compile_study(loads(args.study.read_text())).study.name
+    first_look(args.study, args.deadline, args.device, Path(os.environ.get("OUT", ".")) / f"{name}.jsonl")
 
 
 if __name__ == "__main__":

@@ -260,3 +260,20 @@ def test_gpu_study_verdicts_decide_a_first_look_from_json_lines(tmp_path):
     assert data.missing == 0
     verdicts = {v.claim: v.verdict for v in verify(data)}
     assert verdicts["eval_accuracy[block_layers=1, loops=4] > eval_accuracy[block_layers=1, loops=1]"] == "supported"
+
+
+@pytest.mark.e2e  # its fractional part runs packs in processes at once
+def test_gpu_suite_tiny_writes_every_part_naming_the_device(tmp_path):
+    """benchmarks/gpu_suite.py --tiny (what CI runs in place of the GPU): every part runs and lands in the JSON,
+    which names the device; no figure is asserted (toy sizes on a CPU)."""
+    from benchmarks import gpu_suite
+
+    out = tmp_path / "gpu_suite.json"
+    assert gpu_suite.main(["--tiny", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["device"].startswith("cpu") and results["tiny"] is True
+    for part in ("step", "packed", "fractional", "large_cell", "first_look"):
+        assert "error" not in results[part], results[part]
+    assert results["packed"]["packed_2"]["graph"] == "no: not on a CUDA device"
+    assert results["first_look"]["finished"] == results["first_look"]["trials"] > 0
+    assert set(results["targets"]) >= {"packed_8_over_one_trial", "large_cell_mfu"}

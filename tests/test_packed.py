@@ -75,7 +75,7 @@ def assert_same_trial(separate, final, reporter, final_together, examples):
             if name not in TIMING:
                 assert_close(name, value, row_together[name], examples)
     assert reporter.starts == [0]
-    assert set(reporter.run_facts) == set(separate.run_facts) | {"seeds_together"}
+    assert set(reporter.run_facts) == set(separate.run_facts) | {"seeds_together", "pack_graph"}
 
 
 def test_each_seed_matches_its_separate_run():

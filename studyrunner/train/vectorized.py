@@ -69,7 +69,7 @@ from .engine import objective
 from .hooks import DrawsInTraining, StepDependent
 from .optim import set_lr
 from .outcomes import Diverged
-from .packed_graph import DenseLoss, graphed_step
+from .packed_graph import DenseLoss, graph_problem, graphed_step
 from .packing import KNOB, check_packable, shape_key
 from .prefetch import Prefetcher, prefetch_enabled
 from .reporter import Reporter, send_facts, send_replay, send_start
@@ -104,8 +104,6 @@ def run_trials_together(
     for config, seed in zip(members, seeds, strict=True):
         trials.append(build_trial(config, seed, device))
         rng.append(torch.get_rng_state())  # what the member's own run draws from next
-    for trial, reporter in zip(trials, reporters, strict=True):
-        send_facts(reporter, {**trial.runtime.facts(), **trial.data_facts(), "seeds_together": str(len(seeds))})
     where = checkpoints or [None] * len(seeds)
     stores = [open_checkpoints(*member) for member in zip(where, members, seeds, reporters, strict=True)]
     progress = []
@@ -114,6 +112,10 @@ def run_trials_together(
         if progress[-1].step > 0:
             rng[i] = torch.get_rng_state()  # the checkpoint's generator state
     pack = Pack(trials, progress, rng, [(nan_at or {}).get(i) for i in range(len(seeds))])
+    graph = "yes" if pack.graph is not None else f"no: {graph_problem(pack)}"
+    for trial, reporter in zip(trials, reporters, strict=True):
+        facts = {**trial.runtime.facts(), **trial.data_facts(), "seeds_together": str(len(seeds)), "pack_graph": graph}
+        send_facts(reporter, facts)
     return pack.run(stores, reporters)
 
 

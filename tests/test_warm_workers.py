@@ -46,7 +46,13 @@ def idle_workers_holding_torch(session_dir: str) -> set[int]:
 
 @pytest.mark.e2e
 def test_trials_run_on_idle_workers_that_loaded_the_trainer_before_the_study(fresh_ray, tmp_path):
-    warm = wait_for(lambda: idle_workers_holding_torch(fresh_ray), timeout=120, what="a warm idle worker")
+    # Ray starts an idle worker per CPU (2): wait for both to hold torch, or a trial may land on the one still
+    # loading it when the first was seen (as happened on a loaded machine)
+    def both() -> set[int]:
+        found = idle_workers_holding_torch(fresh_ray)
+        return found if len(found) >= 2 else set()
+
+    warm = wait_for(both, timeout=120, what="two warm idle workers")
     ws = Workspace.resolve(tmp_path)
     compiled = compile_study(loads(TINY_STUDY.replace("seeds: [0, 1]", "seeds: [0]")))
     submitted = datetime.now(UTC)

@@ -114,6 +114,15 @@ def test_validate_accepts_equivalence_and_non_inferiority_entries(tmp_path, entr
     assert result.exit_code == 0, result.output
 
 
+def test_validate_warns_that_a_margin_claim_needs_five_seeds_a_side(tmp_path):
+    # the study has 4 seeds; a margin is decided from 5 (`_margin_floor`): say so before anything runs
+    result = _validate(tmp_path, '{claim: "eval_loss[loops=4] <= eval_loss[loops=1]", margin: 0.1}')
+    assert result.exit_code == 0, result.output
+    assert "claims[0] cannot be decided with 4 seeds; it needs 5" in result.output + result.stderr
+    plain = _validate(tmp_path, '"eval_loss[loops=4] <= eval_loss[loops=1]"')
+    assert "cannot be decided" not in plain.output + plain.stderr
+
+
 def test_a_study_file_keeps_every_field_of_an_entry():
     text = study_text(
         extra=f'claims:\n  - {{claim: "{EQ.replace("arm", "loops")}", margin: 0.02, matched: [params]}}\n'

@@ -196,6 +196,11 @@ def _column(key: str, paths: list[str], varied: list[str], fail: Callable[[str],
 ALPHA = 0.05  # = analysis.claims.ALPHA (the study layer does not import the analysis)
 
 
+# Seeds per side from which a margin claim (equivalence, non-inferiority) is decided: below it two modes of
+# seeds that fail or learn cannot be told apart (analysis/claims/decide.py `_margin_floor` holds it back).
+MARGIN_FROM = 5
+
+
 @dataclass(frozen=True)
 class Reach:
     """The smallest one-sided p a claim's test can reach with the study's seeds, before any trial runs."""
@@ -264,13 +269,16 @@ def claim_reach(compiled: CompiledStudy) -> list[Reach]:
         return 1 if picked else seeds
 
     out = []
-    for i, text in enumerate(study.claim_texts):
+    for i, (text, entry) in enumerate(zip(study.claim_texts, study.claims, strict=True)):
         claim = parse_claim(text)
         lhs, op, rhs = claim.lhs, claim.op, claim.rhs
         if isinstance(lhs, Number):
             lhs, op, rhs = rhs, flip(op), lhs
         n = seeds_of(lhs)
-        if lhs.kind == "failure_rate" and isinstance(rhs, Number):
+        if getattr(entry, "margin", None) is not None and n < MARGIN_FROM:
+            why = f"a margin claim is decided from {MARGIN_FROM} seeds a side"
+            out.append(Reach(i, text, "margin test (equivalence or non-inferiority)", 1.0, n, MARGIN_FROM, why))
+        elif lhs.kind == "failure_rate" and isinstance(rhs, Number):
             trials = n * max(len(cells(lhs)), 1)
             c = rhs.value
             worst = (1 - c) if op in ("<", "<=") else c  # k = 0 (or n) failures: p = (1 − c)^n (or c^n)

@@ -78,6 +78,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from ...study.claims_check import MARGIN_FROM  # seeds per side from which a margin claim is decided
 from ...study.claims_grammar import EQUIVALENT, Claim, GrammarError, Number, flip, parse_claim
 from ...study.schema import ClaimEntry
 from ..data import StudyData
@@ -178,7 +179,6 @@ def _decide(data: StudyData, claim: Claim, v: Verdict) -> Verdict:
     return v
 
 
-MARGIN_FROM = 5  # seeds per side from which a margin claim is decided (the bimodality switch reads two modes)
 
 
 def _margin_floor(v: Verdict, seeds: tuple[int, ...]) -> None:

@@ -316,7 +316,7 @@ def _decide(
             why = why or _gate_futility(v, design)
         if why is not None:
             out.state, out.needed, out.detail = ClaimState.FUTILE, why[0], why[1]
-    if held and out.state == ClaimState.SAMPLING:
+    if held and out.state in (ClaimState.SAMPLING, ClaimState.ENDED):
         out.detail = held
 
 
@@ -550,7 +550,8 @@ def _verdict(c: ClaimLook, design: Design, running: bool) -> claims_module.Verdi
         why = c.detail[c.detail.index("futile: ") + len("futile: ") :] if "futile: " in c.detail else c.detail
         v.detail = f"stopped for futility at {at} (no tie: it could not be decided within max seeds): {why}; {level}"
     elif c.state == ClaimState.ENDED:
-        v.detail = f"undecided at max ({at}): {level}"
+        held = next((part for part in c.detail.split("; ") if part.startswith("a margin is decided from")), "")
+        v.detail = f"undecided at max ({at}): {level}" + (f"; {held}" if held else "")
     elif c.state == ClaimState.INVALID:
         v.detail = c.detail
     else:

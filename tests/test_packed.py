@@ -386,3 +386,22 @@ def test_a_pack_replayed_as_a_cuda_graph_trains_as_the_eager_pack():
     eager = separately({**config, "train": {**config["train"], "device": "cuda"}}, [0, 1])
     for (_, final), final_graphed in zip(eager, finals, strict=True):
         assert final_graphed["train_loss"] == pytest.approx(final["train_loss"], rel=1e-3)
+
+
+def test_a_packs_batches_come_stacked_where_their_shapes_agree():
+    # one (S, B, T) tensor per field: one copy to the device per field and step, whatever the pack's size
+    from studyrunner.tasks import build_task
+    from studyrunner.train.vectorized import PackBatch
+
+    same = [build_task("phop", {"alphabet": 4, "seq_len": 12, "hops": 1}, s).train_batch(0, 4) for s in (0, 1, 2)]
+    made = PackBatch.of(same)
+    assert made.members is None and made.inputs.shape == (3, *same[0].inputs.shape)
+    for own, view in zip(same, made.split(), strict=True):
+        assert torch.equal(own.inputs, view.inputs) and torch.equal(own.loss_mask, view.loss_mask)
+    params = {"digits": 2, "train_operands": [2, 3], "eval_operands": [2], "reverse_answer": True}
+    tasks = [build_task("addition", params, s) for s in (0, 1)]
+    step = next(
+        s for s in range(20) if tasks[0].train_batch(s, 4).inputs.shape != tasks[1].train_batch(s, 4).inputs.shape
+    )
+    mixed = PackBatch.of([t.train_batch(step, 4) for t in tasks])
+    assert mixed.inputs is None and len(mixed.split()) == 2

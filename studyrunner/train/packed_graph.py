@@ -35,7 +35,7 @@ from ..tasks import Batch
 from .hooks import DrawsInTraining, StepDependent
 
 if TYPE_CHECKING:
-    from .vectorized import Pack
+    from .vectorized import Pack, PackBatch
 
 WARMUP_STEPS = 3
 SCHEDULED_WEIGHTS = ("ponder_lambda_warmup_steps", "align_start_step")  # knobs that make an aux weight move
@@ -82,35 +82,32 @@ class GraphedStep:
         self.pack = pack
         self.warmed = 0
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.static: list[Batch] = []
-        self.shapes: list[tuple[int, ...]] = []
+        self.static: PackBatch | None = None
         self.outputs: Any = None
         self.failed: str | None = None
         self.replays = 0
 
-    def step(self, step: int, batches: list[Batch], weights: list[dict[str, float]]):
+    def step(self, step: int, made: PackBatch, weights: list[dict[str, float]]):
         """The step's (losses, grad norms, aux) from the graph or its warm-up; None: run it eagerly."""
         pack = self.pack
-        if self.failed is not None or pack.held:
-            return None
+        if self.failed is not None or pack.held or made.inputs is None:
+            return None  # members held, or batches not stacked this step (their shapes differ): eager
         if self.graph is None and self.warmed < WARMUP_STEPS:
             self.warmed += 1
-            return self._on_side_stream(lambda: self._eager(batches, weights, step))
+            return self._on_side_stream(lambda: self._eager(made, weights, step))
         if self.graph is None:
             try:
-                self._capture(batches, weights, step)
+                self._capture(made, weights, step)
             except Exception as exc:  # noqa: BLE001 - any capture failure: the pack goes on eagerly
                 self.failed = f"{type(exc).__name__}: {exc}"
                 self.graph = None
                 warnings.warn(f"the pack's step could not be captured as a CUDA graph ({self.failed}); "
                               "training on without one", RuntimeWarning, stacklevel=2)  # fmt: skip
                 return None
-        if [tuple(b.inputs.shape) for b in batches] != self.shapes:
+        if made.inputs.shape != self.static.inputs.shape:
             return None
-        for static, batch in zip(self.static, batches, strict=True):
-            static.inputs.copy_(batch.inputs)
-            static.targets.copy_(batch.targets)
-            static.loss_mask.copy_(batch.loss_mask)
+        for name in ("inputs", "targets", "loss_mask"):  # one device-to-device copy per field, whatever S
+            getattr(self.static, name).copy_(getattr(made, name))
         self.graph.replay()
         self.replays += 1
         losses, grad_norms, aux = self.outputs
@@ -120,9 +117,9 @@ class GraphedStep:
             [{k: v.clone() for k, v in member.items()} for member in aux],
         )
 
-    def _eager(self, batches, weights, step):
+    def _eager(self, made, weights, step):
         self.pack.optimizer.zero_grad(set_to_none=True)
-        return self.pack.step_body(batches, [None] * self.pack.n, weights, step)
+        return self.pack.step_body(made, [None] * self.pack.n, weights, step)
 
     @staticmethod
     def _on_side_stream(run):
@@ -133,11 +130,10 @@ class GraphedStep:
         torch.cuda.current_stream().wait_stream(side)
         return out
 
-    def _capture(self, batches: list[Batch], weights: list[dict[str, float]], step: int) -> None:
-        """Capture the step on fixed copies of `batches` (replayed at once for this step by `step`)."""
+    def _capture(self, made: PackBatch, weights: list[dict[str, float]], step: int) -> None:
+        """Capture the step on fixed copies of `made` (replayed at once for this step by `step`)."""
         pack = self.pack
-        self.static = [Batch(b.inputs.clone(), b.targets.clone(), b.loss_mask.clone()) for b in batches]
-        self.shapes = [tuple(b.inputs.shape) for b in batches]
+        self.static = PackBatch(made.inputs.clone(), made.targets.clone(), made.loss_mask.clone())
         pack.optimizer.zero_grad(set_to_none=True)  # backward in the graph allocates the grads in its pool
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

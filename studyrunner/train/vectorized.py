@@ -21,8 +21,12 @@ torch's AdamW over the stacked tensors at rate 1 without decay gives each elemen
 elementwise, so one optimizer state is S optimizer states), and each member's update is then applied with its
 own learning rate (its schedule at this step) and decoupled weight decay (on its matrices, as
 `optim.make_optimizer`): p <- p (1 - lr wd) - lr * direction, what AdamW does with that lr and wd.
-Under vmap, attention runs as explicit matmuls (`core.Attention.explicit`): the fused CPU kernel has no
-batching rule. Members whose batches differ in shape at a step (a task that draws its sequence length per
+The members' batches of a step come stacked (`PackBatch`: made on the host in one prefetch thread, one
+pinned copy per field to the device on a side stream, so the training stream never waits on the host and the
+copies do not grow with S); the losses stay on the device until a booking reads them (`_book`: where a member
+records, evaluates or saves, or every `BOOK_EVERY` steps), and on a GPU the whole step is one CUDA graph where
+the family allows (packed_graph.py). Under vmap, attention runs as explicit matmuls (`core.Attention.explicit`):
+the fused CPU kernel has no batching rule. Members whose batches differ in shape at a step (a task that draws its sequence length per
 step), or whose training forwards draw differently (LoopFormer's short run, `hooks.DrawsInTraining`: each
 member draws from its own generator state, as its separate run would), run in one vmap per group. Halting
 families (ut_act's ACT, adaptive_layers) train every member to the common maximum depth with their masks,
@@ -153,6 +157,32 @@ class TakenStep:
     tokens: list[int]
 
 
+@dataclass
+class PackBatch:
+    """Every member's train batch of one step. Where their shapes agree (nearly always), stacked: (S, B, T)
+    tensors made on the host in the prefetch thread, then one pinned copy per field to the device on a side
+    stream, and views per member (`split`); else each member's own batch (`members`: a task that draws its
+    sequence length per step)."""
+
+    inputs: torch.Tensor | None = None
+    targets: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = None
+    members: list[Batch] | None = None
+
+    @classmethod
+    def of(cls, batches: list[Batch]) -> PackBatch:
+        if len({tuple(b.inputs.shape) for b in batches}) > 1:
+            return cls(members=batches)
+        stack = lambda name: torch.stack([getattr(b, name) for b in batches])  # noqa: E731
+        return cls(stack("inputs"), stack("targets"), stack("loss_mask"))
+
+    def split(self) -> list[Batch]:
+        if self.members is not None:
+            return self.members
+        assert self.inputs is not None and self.targets is not None and self.loss_mask is not None
+        return [Batch(x, y, m) for x, y, m in zip(self.inputs, self.targets, self.loss_mask, strict=True)]
+
+
 class Pack:
     """The members' stacked weights, their optimizer and the shared training step, and the loop over steps."""
 
@@ -195,7 +225,7 @@ class Pack:
         ids = {id(p): n for n, p in models[0].named_parameters()}
         self.grad_groups = {g: [ids[id(p)] for p in ps] for g, ps in trials[0].grad_groups.items()}
         self.held = self._hold_members_ahead()
-        self.prefetchers: list[Prefetcher] = []
+        self.prefetcher: Prefetcher | None = None
         self.pending: list[TakenStep] = []  # steps taken since the last booking (`_book`)
         self.booked_at = time.perf_counter()
         self.readbacks = 0  # bookings so far: the only reads from the device in the loop
@@ -302,33 +332,35 @@ class Pack:
     # -------------------------------------------------------------------------------------- batches
 
     def prefetch_from(self, step: int) -> None:
-        """Each member's batches made ahead in a thread of its own, where that pays (prefetch.py)."""
-        size = self.trials[0].train.batch_size
+        """Every member's batches made ahead, stacked, in one thread, where that pays (prefetch.py)."""
         if prefetch_enabled(self.runtime.device) and step < self.steps:
-            device = self.runtime.device
-            self.prefetchers = [
-                Prefetcher(lambda s, task=t.task: task.train_batch(s, size), step, self.steps, device=device)
-                for t in self.trials
-            ]
+            self.prefetcher = Prefetcher(self._made, step, self.steps, device=self.runtime.device)
 
     def stop_prefetch(self) -> None:
-        for prefetcher in self.prefetchers:
-            prefetcher.close()
-        self.prefetchers = []
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+        self.prefetcher = None
 
-    def batches_of(self, step: int) -> list[Batch]:
-        """Every member's train batch of `step`, on the device (what `TrialSetup.batch` gives each)."""
-        if self.prefetchers:
-            return [prefetcher.get(step) for prefetcher in self.prefetchers]
+    def _made(self, step: int) -> PackBatch:
         size = self.trials[0].train.batch_size
-        return [t.runtime.to_device(t.task.train_batch(step, size)) for t in self.trials]
+        return PackBatch.of([t.task.train_batch(step, size) for t in self.trials])
+
+    def batches_of(self, step: int) -> PackBatch:
+        """Every member's train batch of `step`, on the device (each what `TrialSetup.batch` gives its trial)."""
+        made = self.prefetcher.get(step) if self.prefetcher is not None else self._made(step)
+        if made.members is not None:  # per member, as each trial's own batch goes
+            return PackBatch(members=[self.runtime.to_device(b) for b in made.members])
+        if made.inputs is not None and made.inputs.device != self.runtime.device:
+            return PackBatch(*(self.runtime.to_device(t) for t in (made.inputs, made.targets, made.loss_mask)))
+        return made
 
     # ----------------------------------------------------------------------------------- the step
 
     def train_step(self, step: int) -> TakenStep:
         """One optimizer step of every member on its batch of `step` (nothing read back from the device):
         replayed as a CUDA graph where the pack has one (packed_graph.py), else run eagerly."""
-        batches = self.batches_of(step)
+        made = self.batches_of(step)
+        batches = made.split()
         if isinstance(self.base, StepDependent):  # step-dependent state (MELT's alpha): the same for every member
             self.base.set_train_step(step)
             for trial in self.trials:  # and on each member's own model, which evaluates
@@ -336,20 +368,21 @@ class Pack:
         members = [i for i in range(self.n) if self.live(i)]
         self.rates.copy_(torch.tensor([t.lr(step) for t in self.trials]), non_blocking=True)
         weights = [aux_weights(step, t.train, terms) for t, terms in zip(self.trials, self.aux_terms, strict=True)]
-        taken = self.graph.step(step, batches, weights) if self.graph is not None else None
+        taken = self.graph.step(step, made, weights) if self.graph is not None else None
         if taken is None:
             self.optimizer.zero_grad(set_to_none=True)
-            taken = self.step_body(batches, self._draws(), weights, step)
+            taken = self.step_body(made, self._draws(), weights, step)
         losses, grad_norms, aux = taken
         tokens = [b.inputs.numel() for b in batches]
         return TakenStep(step, members, losses, grad_norms, aux, weights, tokens)
 
-    def step_body(self, batches: list[Batch], draws: list[Any], weights: list[dict[str, float]], step: int):
+    def step_body(self, made: PackBatch, draws: list[Any], weights: list[dict[str, float]], step: int):
         """The step's device work, and nothing that reads from the device or makes host tensors (a CUDA graph
         captures it as it is): forward, each member's objective, backward, clipping, AdamW. Returns the
         members' losses (S,), gradient norms and aux terms."""
+        batches = made.split()
         with self.runtime.autocast(cache=self.graph is None):
-            outputs = self._forward(batches, draws)
+            outputs = self._forward(batches, draws, made.inputs)
             losses, aux = [], []
             for i, (trial, batch, out) in enumerate(zip(self.trials, batches, outputs, strict=True)):
                 task = trial.task if self.graph is None else DenseLoss(trial.task)  # a graph cannot index by mask
@@ -379,8 +412,9 @@ class Pack:
         live = next((d for i, d in enumerate(draws) if self.live(i)), None)
         return [d if self.live(i) else live for i, d in enumerate(draws)]
 
-    def _forward(self, batches: list[Batch], draws: list[Any]) -> list[ModelOutput]:
-        """Each member's training output; one vmap per group of members with equal input shapes and draws."""
+    def _forward(self, batches: list[Batch], draws: list[Any], stacked: torch.Tensor | None) -> list[ModelOutput]:
+        """Each member's training output; one vmap per group of members with equal input shapes and draws
+        (`stacked`: every member's inputs as one tensor, where the batches came stacked)."""
         groups: dict[tuple, list[int]] = {}
         for i, batch in enumerate(batches):
             groups.setdefault((tuple(batch.inputs.shape), repr(draws[i])), []).append(i)
@@ -392,7 +426,8 @@ class Pack:
                 params = {name: p.index_select(0, index) for name, p in self.params.items()}
                 if self.batched_buffers:
                     buffers = {name: b.index_select(0, index) for name, b in buffers.items()}
-            tokens = torch.stack([batches[i].inputs for i in members])
+            whole = stacked is not None and len(members) == self.n
+            tokens = stacked if whole else torch.stack([batches[i].inputs for i in members])
             with self.base.drawn(draws[members[0]]) if isinstance(self.base, DrawsInTraining) else _nothing():
                 logits, terms, extra, exits = self.forward(params, buffers, tokens)
             for j, i in enumerate(members):

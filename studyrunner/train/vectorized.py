@@ -21,17 +21,17 @@ torch's AdamW over the stacked tensors at rate 1 without decay gives each elemen
 elementwise, so one optimizer state is S optimizer states), and each member's update is then applied with its
 own learning rate (its schedule at this step) and decoupled weight decay (on its matrices, as
 `optim.make_optimizer`): p <- p (1 - lr wd) - lr * direction, what AdamW does with that lr and wd.
-The members' batches of a step come stacked (`PackBatch`: made on the host in one prefetch thread, one
-pinned copy per field to the device on a side stream, so the training stream never waits on the host and the
-copies do not grow with S); the losses stay on the device until a booking reads them (`_book`: where a member
-records, evaluates or saves, or every `BOOK_EVERY` steps), and on a GPU the whole step is one CUDA graph where
-the family allows (packed_graph.py). Under vmap, attention runs as explicit matmuls (`core.Attention.explicit`):
-the fused CPU kernel has no batching rule. Members whose batches differ in shape at a step (a task that draws its sequence length per
-step), or whose training forwards draw differently (LoopFormer's short run, `hooks.DrawsInTraining`: each
-member draws from its own generator state, as its separate run would), run in one vmap per group. Halting
-families (ut_act's ACT, adaptive_layers) train every member to the common maximum depth with their masks,
-as they do alone. Evaluation, a halting model's realised depth and checkpoints are per member, on the
-member's own model (its current slice copied in): the code and kernels `run_trial` uses (`trainer.after_step`).
+The members' batches of a step come stacked (`PackBatch`: made on the host in one prefetch thread, one pinned copy
+per field to the device on a side stream, so the training stream never waits on the host and the copies do not grow
+with S); the losses stay on the device until a booking reads them (`_book`: where a member records, evaluates or
+saves, or every `BOOK_EVERY` steps), and on a GPU the whole step is one CUDA graph where the family allows
+(packed_graph.py). Under vmap, attention runs as explicit matmuls (`core.Attention.explicit`): the fused CPU kernel
+has no batching rule. Members whose batches differ in shape at a step (a task that draws its sequence length per
+step), or whose training forwards draw differently (LoopFormer's short run, `hooks.DrawsInTraining`: each member
+draws from its own generator state, as its separate run would), run in one vmap per group. Halting families
+(ut_act's ACT, adaptive_layers) train every member to the common maximum depth with their masks, as they do alone.
+Evaluation, a halting model's realised depth and checkpoints are per member, on the member's own model (its current
+slice copied in): the code and kernels `run_trial` uses (`trainer.after_step`).
 
 What differs from separate trials:
 - Float rounding: batched matmuls and the explicit attention sum in another order than the separate

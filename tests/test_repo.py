@@ -100,3 +100,48 @@ def test_a_shipped_conversion_names_a_trial_its_teacher_study_compiles_to():
         teacher_file = conversion.with_name(conversion.name.replace("conversion", "teacher"))
         keys = {t.trial_key for t in load_and_compile(teacher_file).trials}
         assert named and named <= keys, (conversion.name, named - keys)
+
+
+def _package_imports() -> dict[str, set[str]]:
+    """studyrunner's subpackages (and top-level modules) -> the others each imports, lazily or not."""
+    import ast
+
+    edges: dict[str, set[str]] = {}
+    package = ROOT / "studyrunner"
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        module = parts[:-1] if parts[-1] == "__init__" else parts
+        here = module[1] if len(module) > 1 else ""
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                package_parts = list(module if path.name == "__init__.py" else module[:-1])
+                base = package_parts[: len(package_parts) - (node.level - 1)]
+                target = [*base, *(node.module.split(".") if node.module else [])]
+            else:
+                target = (node.module or "").split(".")
+            if target[0] == "studyrunner" and len(target) > 1 and target[1] != here:
+                edges.setdefault(here, set()).add(target[1])
+    return edges
+
+
+def test_the_packages_import_one_way():
+    """No two of studyrunner's packages import each other, directly or through others (lazy imports count)."""
+    edges = _package_imports()
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            node = todo.pop()
+            if node == goal:
+                return True
+            if node not in seen:
+                seen.add(node)
+                todo.extend(edges.get(node, ()))
+        return False
+
+    circles = sorted((a, b) for a, targets in edges.items() for b in targets if reaches(b, a))
+    assert not circles, circles
+    assert "store" in edges["analysis"] and "orchestrate" not in edges["analysis"]  # analysis reads, never runs
+    assert not {"orchestrate", "store", "tracking", "cli"} & (edges["train"] | edges["models"] | edges["tasks"])

@@ -59,12 +59,14 @@ def test_the_tuning_study_crosses_every_cell_with_the_grid_on_the_validation_spl
     assert len(tuning.trials) == 4 and {t.config["eval"]["split"] for t in tuning.trials} == {"validation"}
     assert sorted({t.config["train"]["lr"] for t in tuning.trials}) == [1.0e-3, 1.0e-2]
     # each cell takes the value its own tuning trials score best on
-    outcomes = {t.trial_key: ("succeeded", {"eval_loss": _score(t.config)}) for t in tuning.trials}
+    outcomes = {t.trial_key: {"eval_loss": _score(t.config)} for t in tuning.trials}  # every trial ended, succeeded
     choices = choose(tuning, tuned_paths(compiled.study), outcomes)
     chosen = with_choices(compiled, choices)
     assert {c.label: c.config["train"]["lr"] for c in chosen.cells} == {"loops=1": 1.0e-3, "loops=2": 1.0e-2}
     assert {t.trial_key for t in chosen.trials}.isdisjoint(t.trial_key for t in compiled.trials[2:])  # new keys
     assert choose(tuning, tuned_paths(compiled.study), {}) is None  # nothing ended yet: no choice
+    failed = {**outcomes, tuning.trials[0].trial_key: None}  # one point ended without succeeding: not chosen
+    assert choose(tuning, tuned_paths(compiled.study), failed) is not None
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import pandas as pd
 
 from ..errors import SpecError, StudyrunnerError
 from ..store import CurveStore, Ledger
-from ..store.status import FINISHED, UNSUCCESSFUL, TrialStatus
+from ..store.status import FINISHED, UNSUCCESSFUL, TrialStatus, ended_outcomes
 from ..study.claims_grammar import GrammarError, Rule, parse_rule, selector_column, values_equal
 from ..study.levels import metric_levels
 from ..study.schema import ClaimEntry
@@ -286,8 +286,8 @@ def _tuning(ledger: Ledger, spec, name: str) -> dict[str, dict[str, Any]]:
         return {}
     if tuning is None or not any(s.name == tuning.study.name for s in ledger.studies()):
         return {}
-    rows = {r.trial_key: (r.status, r.metrics) for r in ledger.trials(tuning.study.name)}
-    choices = choose(tuning, tuned_paths(spec), rows) or {}
+    ended = ended_outcomes(ledger.trials(tuning.study.name))
+    choices = choose(tuning, tuned_paths(spec), ended) or {}
     out = {}
     for cell in ledger.cells(name):
         choice = choices.get(group_of(cell.config, tuned_paths(spec)))

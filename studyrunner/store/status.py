@@ -111,3 +111,10 @@ def check_move(trial_key: str, old: str, new: str, action: str) -> TrialStatus:
 def illegal_sources(sources: Iterable[str], new: str) -> list[TrialStatus]:
     """Of the statuses a bulk move to `new` selects, those that may not become `new` (one already `new` stays)."""
     return [TrialStatus(s) for s in sources if s != new and not TrialStatus(s).can_become(new)]
+
+
+def ended_outcomes(rows) -> dict[str, dict | None]:
+    """{trial_key: its metrics, None where it ended without succeeding} for the ledger rows that ended: what a
+    `tune:` section's choice reads (study/tuning.py `choose`), so that the study package needs no ledger."""
+    return {r.trial_key: (r.metrics or {}) if r.status == TrialStatus.SUCCEEDED else None
+            for r in rows if r.status in FINISHED}  # fmt: skip

@@ -90,20 +90,19 @@ class Choice:
                 "scores": [{"values": json.loads(v), "score": s} for v, s in self.scores]}  # fmt: skip
 
 
-def choose(tuning: CompiledStudy, paths: list[str], outcomes: dict[str, tuple[str, dict | None]]) -> dict | None:
-    """{group: Choice} from the tuning study's trials' outcomes ({trial_key: (status, metrics)}) over the tuned
-    `paths`; None while a tuning trial has not finished. A group whose every point failed gets an empty Choice."""
-    from ..store.status import FINISHED, TrialStatus  # here: the study package imports nothing of the ledger
-
+def choose(tuning: CompiledStudy, paths: list[str], ended: dict[str, dict | None]) -> dict | None:
+    """{group: Choice} from the tuning study's trials that ended ({trial_key: its metrics, None where it ended
+    without succeeding}: the ledger's `store.status.ended_outcomes`) over the tuned `paths`; None while a tuning
+    trial has not ended. A group whose every point failed gets an empty Choice."""
     metric = tuning.study.metric
     groups: dict[str, list[tuple[str, float | None]]] = {}
     points: dict[str, list[dict[str, Any]]] = {}
     for trial in tuning.trials:
-        status, metrics = outcomes.get(trial.trial_key, (TrialStatus.PENDING, None))
-        if status not in FINISHED:
+        if trial.trial_key not in ended:
             return None
+        metrics = ended[trial.trial_key]
         point = {p: _get(trial.config, p) for p in paths}
-        score = (metrics or {}).get(metric.name) if status == TrialStatus.SUCCEEDED else None
+        score = metrics.get(metric.name) if metrics is not None else None
         key = group_of(trial.config, paths)
         groups.setdefault(key, []).append((canonical_json(point), score))
         points.setdefault(key, []).append(point)

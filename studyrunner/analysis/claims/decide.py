@@ -179,8 +179,6 @@ def _decide(data: StudyData, claim: Claim, v: Verdict) -> Verdict:
     return v
 
 
-
-
 def _margin_floor(v: Verdict, seeds: tuple[int, ...]) -> None:
     """A margin claim (equivalence, non-inferiority) is decided only from MARGIN_FROM seeds per side. A margin
     tests the difference against a value other than 0, which no test holds its level for on seeds that fail or

@@ -21,7 +21,7 @@ from rich.text import Text
 from ...errors import StudyrunnerError
 from ...store import Ledger
 from ...store.ledger import probe as probe_ledger
-from ...store.status import FINISHED, TrialStatus
+from ...store.status import FINISHED, TrialStatus, ended_outcomes
 from ...study import CompiledStudy
 from ...study.extension import changed_fields
 from ...study.tuning import choose, group_of, tuned_paths, tuning_of, with_choices
@@ -192,8 +192,8 @@ def choices_in(ledger: Ledger, compiled: CompiledStudy, tuning: CompiledStudy | 
     tuning = tuning or tuning_of(compiled)
     if tuning is None or not any(s.name == tuning.study.name for s in ledger.studies()):
         return None
-    rows = {r.trial_key: (r.status, r.metrics) for r in ledger.trials(tuning.study.name)}
-    return choose(tuning, tuned_paths(compiled.study), rows)
+    ended = ended_outcomes(ledger.trials(tuning.study.name))
+    return choose(tuning, tuned_paths(compiled.study), ended)
 
 
 def with_tuning(compiled: CompiledStudy, ledger: Ledger) -> CompiledStudy:

@@ -405,3 +405,18 @@ def test_a_packs_batches_come_stacked_where_their_shapes_agree():
     )
     mixed = PackBatch.of([t.train_batch(step, 4) for t in tasks])
     assert mixed.inputs is None and len(mixed.split()) == 2
+
+
+def test_plan_says_how_the_trials_pack(tmp_path):
+    from typer.testing import CliRunner
+
+    from studyrunner.cli import app
+
+    path = tmp_path / "study.yaml"
+    path.write_text(TINY_STUDY.replace("grad_clip: 1.0,", "grad_clip: 1.0, pack: cells,").replace(
+        "model.params.loops: [1, 2]", "train.lr: [1.0e-3, 3.0e-3]"))  # fmt: skip
+    shown = CliRunner().invoke(app, ["plan", str(path)])
+    assert shown.exit_code == 0, shown.output
+    assert "packed (train.pack): 4 trials in 1 pack of 4 members, each one Ray trial with 1 CPU" in shown.output
+    path.write_text(TINY_STUDY)
+    assert "packed" not in CliRunner().invoke(app, ["plan", str(path)]).output

@@ -48,6 +48,27 @@ def validate(file: StudyFile):
     _print_reach(compiled)
 
 
+def _print_packs(compiled) -> None:
+    """How the trials train where `train.pack` packs them: packs (one Ray trial and one process each, with the
+    study's `resources:`) and the trials trained alone."""
+    from ..train.packing import pack_groups
+
+    packs, alone = pack_groups(compiled.trials)
+    if not packs:
+        return
+    sizes = sorted({len(p) for p in packs})
+    shown = "-".join(str(n) for n in (sizes[0], sizes[-1])) if len(sizes) > 1 else str(sizes[0])
+    r = compiled.study.resources
+    out.print(
+        f"packed (train.pack): {sum(map(len, packs))} trials in {len(packs)} pack{'s' * (len(packs) > 1)} of "
+        f"{shown} members, each one Ray "
+        f"trial with {r.cpu:g} CPU" + (f" and {r.gpu:g} GPU" if r.gpu else "")
+        + (f"; {len(alone)} trials alone" if alone else "")
+        + ("" if not compiled.study.sequential else " (the first look; later waves pack the seeds they add)"),
+        markup=False, highlight=False, soft_wrap=True,
+    )  # fmt: skip
+
+
 def _print_reach(compiled) -> None:
     """Per claim, the smallest one-sided p its test can reach with the study's seeds; a warning for each
     claim that cannot reach the level it is decided at (it can only come out inconclusive)."""
@@ -169,6 +190,7 @@ def plan(file: StudyFile):
         highlight=False,
         soft_wrap=True,
     )
+    _print_packs(compiled)
     _print_reach(compiled)
     _print_threats_before_training(compiled, facts)
     _print_tuning_plan(study)

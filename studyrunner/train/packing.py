@@ -97,3 +97,25 @@ def pack_key(config: Mapping[str, Any], cell_hash: str) -> str | None:
 
 def pack_size(config: Mapping[str, Any]) -> int:
     return int(config["train"].get("pack_size") or PACK_SIZE)
+
+
+def pack_groups(trials: list) -> tuple[list[list], list]:
+    """`trials` (each with `.config` and `.cell_hash`) as they train: the packs (lists of 2 or more, in
+    order, at most `pack_size` each) and the trials trained alone (not packed, or a pack of one)."""
+    keyed: dict[str, list] = {}
+    alone = []
+    for trial in trials:
+        key = pack_key(trial.config, trial.cell_hash)
+        if key is None:
+            alone.append(trial)
+        else:
+            keyed.setdefault(key, []).append(trial)
+    packs = []
+    for members in keyed.values():
+        size = pack_size(members[0].config)
+        for chunk in (members[i : i + size] for i in range(0, len(members), size)):
+            if len(chunk) == 1:
+                alone.append(chunk[0])
+            else:
+                packs.append(chunk)
+    return packs, alone

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import time
 
-from ...train.packing import pack_key, pack_size
+from ...train.packing import pack_groups, pack_key
 from ...workspace import Workspace, checkpoint_location
 from ..run_types import RunOptions
 from ..submission import HEARTBEAT_S
@@ -45,18 +45,15 @@ def trial_payloads(study, to_run, workspace: Workspace, teachers: dict | None = 
             from .distributed import distributed_payload
 
             payload.update(distributed_payload(study.resources, workspace.ray_storage()))
-    payloads, packs = [], {}
-    for trial, payload in zip(to_run, single, strict=True):
-        key = pack_key(trial.config, trial.cell_hash)
-        if key is not None and not payload["inject_fault"] and not payload["inject"]:
-            packs.setdefault(key, []).append(payload)  # a trial with injected faults runs alone
-        else:
-            payloads.append(payload)
-    for key, members in packs.items():
-        size = pack_size(members[0]["cell"])
-        for start in range(0, len(members), size):
-            chunk = members[start : start + size]
-            payloads.append(chunk[0] if len(chunk) == 1 else _pack_payload(study.name, key, chunk))
+    by_key = {t.trial_key: p for t, p in zip(to_run, single, strict=True)}
+    # a trial with injected faults runs alone
+    faulty = {k for k, p in by_key.items() if p["inject_fault"] or p["inject"]}
+    injected = [t for t in to_run if t.trial_key in faulty]
+    packs, alone = pack_groups([t for t in to_run if t.trial_key not in faulty])
+    payloads = [by_key[t.trial_key] for t in (*injected, *alone)]
+    for members in packs:
+        key = pack_key(members[0].config, members[0].cell_hash)
+        payloads.append(_pack_payload(study.name, key, [by_key[t.trial_key] for t in members]))
     return payloads
 
 

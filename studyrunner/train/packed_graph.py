@@ -3,10 +3,9 @@ AdamW captured once and replayed every step, so a step costs one launch instead 
 are launch-bound on a GPU: the bare references in ../shared/reference/gpu/ give 11.5x per seed-step for 8
 members as one graph, against 7.6x eager).
 
-`graphed_step(pack)` gives a `GraphedStep` where the pack's step can be captured, else None; `graph_problem`
-says why not. A step can be captured when it is the same device work every step, reading nothing from the
-host but what is copied into fixed buffers before each replay (the batches, and the members' learning rates,
-`Pack.rates`):
+A pack has a `GraphedStep` where its step can be captured; `graph_problem` says why not where it cannot. A step
+can be captured when it is the same device work every step, reading nothing from the host but what is copied into
+fixed buffers before each replay (the batches, and the members' learning rates, `Pack.rates`):
 
 - on a CUDA device (torch.cuda.graph), with AdamW `capturable` (the pack makes it so on a GPU);
 - no random draw per step on the host (LoopFormer's short run with a non-`fixed` objective draws its length),
@@ -61,10 +60,6 @@ def graph_problem(pack: Pack) -> str | None:
     return None
 
 
-def graphed_step(pack: Pack) -> GraphedStep | None:
-    return GraphedStep(pack) if graph_problem(pack) is None else None
-
-
 class DenseLoss:
     """A task whose loss is its `dense` form (no indexing by the mask): what the captured step scores with."""
 
@@ -85,7 +80,6 @@ class GraphedStep:
         self.static: PackBatch | None = None
         self.outputs: Any = None
         self.failed: str | None = None
-        self.replays = 0
 
     def step(self, step: int, made: PackBatch, weights: list[dict[str, float]]):
         """The step's (losses, grad norms, aux) from the graph or its warm-up; None: run it eagerly."""
@@ -109,7 +103,6 @@ class GraphedStep:
         for name in ("inputs", "targets", "loss_mask"):  # one device-to-device copy per field, whatever S
             getattr(self.static, name).copy_(getattr(made, name))
         self.graph.replay()
-        self.replays += 1
         losses, grad_norms, aux = self.outputs
         return (
             losses.clone(),

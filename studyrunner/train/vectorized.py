@@ -73,7 +73,7 @@ from .engine import objective
 from .hooks import DrawsInTraining, StepDependent
 from .optim import set_lr
 from .outcomes import Diverged
-from .packed_graph import DenseLoss, graph_problem, graphed_step
+from .packed_graph import DenseLoss, GraphedStep, graph_problem
 from .packing import KNOB, check_packable, shape_key
 from .prefetch import Prefetcher, prefetch_enabled
 from .reporter import Reporter, send_facts, send_replay, send_start
@@ -81,9 +81,7 @@ from .schedules import aux_weights
 from .trainer import TrialSetup, after_step, before_first_step, build_trial, open_checkpoints, summary_metrics
 from .trial_progress import Progress
 
-__all__ = ["KNOB", "check_vectorizable", "run_trials_together"]
-
-check_vectorizable = check_packable  # the compiler's name for the check (study/knobs.py)
+__all__ = ["KNOB", "run_trials_together"]
 
 
 def run_trials_together(
@@ -116,7 +114,7 @@ def run_trials_together(
         if progress[-1].step > 0:
             rng[i] = torch.get_rng_state()  # the checkpoint's generator state
     pack = Pack(trials, progress, rng, [(nan_at or {}).get(i) for i in range(len(seeds))])
-    graph = "yes" if pack.graph is not None else f"no: {graph_problem(pack)}"
+    graph = "yes" if pack.graph is not None else f"no: {pack.graph_problem}"
     for trial, reporter in zip(trials, reporters, strict=True):
         facts = {**trial.runtime.facts(), **trial.data_facts(), "seeds_together": str(len(seeds)), "pack_graph": graph}
         send_facts(reporter, facts)
@@ -221,14 +219,16 @@ class Pack:
         self.decay = torch.tensor([t.train.weight_decay for t in trials], device=device)
         self.rates = torch.zeros(self.n, device=device)
         self.aux_terms = [t.config.model.family_params().aux_terms() for t in trials]  # what each member weighs
-        self.graph = graphed_step(self)  # None: eager steps (packed_graph.graph_problem says why)
+        self.graph: GraphedStep | None = None  # set below where the step can be one CUDA graph
+        self.graph_problem = graph_problem(self)  # why it cannot (None: it can)
+        if self.graph_problem is None:
+            self.graph = GraphedStep(self)
         ids = {id(p): n for n, p in models[0].named_parameters()}
         self.grad_groups = {g: [ids[id(p)] for p in ps] for g, ps in trials[0].grad_groups.items()}
         self.held = self._hold_members_ahead()
         self.prefetcher: Prefetcher | None = None
         self.pending: list[TakenStep] = []  # steps taken since the last booking (`_book`)
         self.booked_at = time.perf_counter()
-        self.readbacks = 0  # bookings so far: the only reads from the device in the loop
 
     # ------------------------------------------------------------------------------------- the loop
 
@@ -281,7 +281,6 @@ class Pack:
         losses = torch.stack([taken.losses for taken in steps]).tolist()  # (steps, members): the one sync
         now = time.perf_counter()
         elapsed, self.booked_at = (now - self.booked_at) / len(steps), now
-        self.readbacks += 1
         for row, taken in zip(losses, steps, strict=True):
             for i in taken.members:
                 if self.ended[i] is None:
@@ -505,9 +504,10 @@ class Pack:
         owns = [t.optimizer.state for t in self.trials]
         if not any(owns):
             return
+        members = [self._member_params(i) for i in range(self.n)]
         for name in self.names:
             stacked = self.params[name]
-            slices = [own.get(self._member_params(i)[name], {}) for i, own in enumerate(owns)]
+            slices = [own.get(members[i][name], {}) for i, own in enumerate(owns)]
             self.optimizer.state[stacked] = {
                 "step": torch.tensor(float(self.step), device=stacked.device if self.runtime.on_cuda else None),
                 "exp_avg": torch.stack([s.get("exp_avg", torch.zeros_like(stacked[0])) for s in slices]),

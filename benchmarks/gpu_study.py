@@ -38,6 +38,7 @@ def _pack(path: str, members: list[tuple[int, int]], device: str, steps: int | N
     import torch
 
     from studyrunner.study import compile_study, loads
+    from studyrunner.train import Diverged, run_trial
     from studyrunner.train.vectorized import run_trials_together
 
     torch.set_num_threads(1)
@@ -51,7 +52,12 @@ def _pack(path: str, members: list[tuple[int, int]], device: str, steps: int | N
     reporters = [_Progress(queue, key, metric) for key in members]
     started = time.perf_counter()
     try:
-        finals: list[Any] = run_trials_together(configs, [seed for _, seed in members], reporters)
+        if len(members) == 1:  # alone, as the orchestrator trains a trial that is not packed
+            finals: list[Any] = [run_trial(configs[0], members[0][1], reporters[0])]
+        else:
+            finals = run_trials_together(configs, [seed for _, seed in members], reporters)
+    except Diverged as diverged:  # a trial alone raises where a packed member's entry says so
+        finals = [diverged]
     except Exception as exc:  # noqa: BLE001 - a pack's failure is each member's row, as the orchestrator records it
         error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         finals = [{"status": "failed", "error": error}] * len(members)
@@ -66,30 +72,34 @@ def _pack(path: str, members: list[tuple[int, int]], device: str, steps: int | N
                    "overrides": cell.overrides, "seed": seed, "pack": len(members), "wall_s": wall, **row})  # fmt: skip
 
 
-def packs_of(compiled, seeds: list[int]) -> list[list[tuple[int, int]]]:
-    """The first look's trials as packs: by the study's `train.pack`, else each cell's seeds."""
-    from studyrunner.train.packing import pack_key, pack_size
+def packs_of(compiled) -> list[list[tuple[int, int]]]:
+    """The first look's trials, [(cell index, seed)], as they train: grouped as the Tune run groups them
+    (`packing.pack_groups`), a cell's seeds packed where the study leaves `train.pack` unset and the cell can
+    pack, and every other trial alone (a pack of one, trained by `run_trial`)."""
+    import dataclasses
 
-    groups: dict[str, list[tuple[int, int]]] = {}
-    for index, cell in enumerate(compiled.cells):
-        key = pack_key(cell.config, cell.cell_hash) or f"cell-{cell.cell_hash}"
-        for seed in seeds:
-            groups.setdefault(key, []).append((index, seed))
-    packs = []
-    for members in groups.values():
-        size = pack_size(compiled.cells[members[0][0]].config)
-        packs += [members[i : i + size] for i in range(0, len(members), size)]
-    return packs
+    from studyrunner.train.packing import check_packable, pack_groups, pack_mode
+
+    def packed_by_cell(trial):
+        if pack_mode(trial.config) is not None:
+            return trial
+        try:
+            check_packable(trial.config)
+        except ValueError:  # a conversion's student, dropout, ...: trains alone
+            return trial
+        return dataclasses.replace(trial, config={**trial.config, "train": {**trial.config["train"], "pack": "seeds"}})
+
+    index = {c.cell_hash: i for i, c in enumerate(compiled.cells)}
+    packs, alone = pack_groups([packed_by_cell(t) for t in compiled.trials])
+    return [[(index[t.cell_hash], t.seed) for t in group] for group in (*packs, *([t] for t in alone))]
 
 
 def first_look(study: Path, deadline: float, device: str, out: Path, steps: int | None = None) -> dict[str, Any]:
     """Run the study's first look (packs at once) until done or `deadline` seconds; rows to `out` (JSON lines)."""
     from studyrunner.study import compile_study, loads
 
-    compiled = compile_study(loads(study.read_text()))
-    seeds = compiled.study.seeds
-    first = list(range(seeds.start)) if hasattr(seeds, "start") else list(seeds)
-    packs = packs_of(compiled, first)
+    compiled = compile_study(loads(study.read_text()))  # a sequential study's trials: its first look's
+    packs = packs_of(compiled)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_pack, args=(str(study), members, device, steps, queue)) for members in packs]

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from studyrunner.cli import app
 from studyrunner.models import build_model
+from studyrunner.models.trajectories import schedule
 from studyrunner.study import compile_study, loads
 from studyrunner.tasks import TaskFacts
 from studyrunner.train import MemoryReporter, run_trial
@@ -158,7 +159,7 @@ def test_a_loopformer_short_run_is_counted_at_its_expected_length():
     expected = count_forward_backward(m, x)
     pinned = []
     for s in range(1, 5):
-        with m._pinned_short(s):
+        with m.drawn(schedule("uniform", s)):  # a short run of s steps (its sizes cost nothing)
             m.compute_draws = lambda: []  # noqa: B023 - count this pin alone
             pinned.append(count_forward_backward(m, x))
             del m.compute_draws

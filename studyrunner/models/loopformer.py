@@ -68,7 +68,6 @@ from .trajectories import (
     SAMPLERS,
     SUM_TOLERANCE,
     sample_shortcut,
-    sample_steps,
     schedule,
     schedule_length,
     start_times,
@@ -313,11 +312,7 @@ class LoopFormer(nn.Module):
             return self._draw
         if self.p.objective in EARLY_EXIT:
             return int(torch.randint(1, self.loops, (1,)).item())  # S ~ U{1..L-1}
-        if self._short_steps is not None:  # pinned by `compute_draws` (FLOP counting)
-            return sample_steps(self.p.shortcut_sampler, self.p.loops, self._short_steps)
         return sample_shortcut(self.p.shortcut_sampler, self.p.loops, self.loops - 1)
-
-    _short_steps: int | None = None
 
     def compute_draws(self) -> list[tuple[float, contextlib.AbstractContextManager]]:
         """FLOP counting's hook (train/flops.py): (weight, a context in which the training forward takes that
@@ -329,15 +324,8 @@ class LoopFormer(nn.Module):
         if self.p.objective != "shortcut_consistency":
             return []
         ends = sorted({1, self.loops - 1})
-        return [(1 / len(ends), self._pinned_short(s)) for s in ends]
-
-    @contextlib.contextmanager
-    def _pinned_short(self, steps: int) -> Iterator[None]:
-        self._short_steps = steps
-        try:
-            yield
-        finally:
-            self._short_steps = None
+        # a trajectory of S steps costs the same whatever its step sizes: a uniform one stands for every draw
+        return [(1 / len(ends), self.drawn(schedule("uniform", s))) for s in ends]
 
     def _modulations(self, steps: list[float], device: torch.device) -> list[tuple[torch.Tensor, ...]] | None:
         """Per block, its four (M, d) modulations for every step of `steps`; None without conditioning."""

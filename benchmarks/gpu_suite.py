@@ -205,7 +205,7 @@ def part_fractional(tiny: bool, device: str, one_trial_ms: float) -> dict[str, A
 
 def part_large_cell(tiny: bool, device: str) -> dict[str, Any]:
     measured = large_cell.measure(quick=True, tiny=tiny, device=device)
-    return {name: fig for name, fig in measured["figures"].items()} | {"details": measured["details"]}
+    return {**measured["figures"], "details": measured["details"]}
 
 
 def part_first_look(tiny: bool, device: str, study: Path, out_dir: Path) -> dict[str, Any]:
